@@ -1,0 +1,43 @@
+"""tensorxfer: move tensors for training and inference jobs.
+
+Subpackages:
+
+* ``tensorxfer.ipc`` -- shared slot rings between processes (``SlotRing``),
+  native row packing (``PackLayout``, ``pack_rows``) and the replay-pipeline
+  host-to-device transfer backends (``tensorxfer.ipc.replay_pipelines.transfer``).
+* ``tensorxfer.inference.unified_memory`` -- managed memory pools, prefetch and
+  placement advice.
+
+Importing the package prints nothing and starts no threads.
+"""
+
+import pkgutil as _pkgutil
+
+# A developer build keeps the extension in <build>/python/tensorxfer; with that
+# directory on sys.path after the sources, both halves form one package.
+__path__ = _pkgutil.extend_path(__path__, __name__)
+
+from tensorxfer import _core  # noqa: E402
+from tensorxfer.errors import (  # noqa: E402
+    CorruptSegmentError,
+    PeerLost,
+    TensorxferError,
+    UnsupportedError,
+)
+
+__version__: str = _core.__version__
+
+
+def capabilities() -> dict:
+    """What this build compiled in: ``{"version", "cuda", "mpi", "numa"}``."""
+    return dict(_core.build_info)
+
+
+__all__ = [
+    "__version__",
+    "capabilities",
+    "CorruptSegmentError",
+    "PeerLost",
+    "TensorxferError",
+    "UnsupportedError",
+]

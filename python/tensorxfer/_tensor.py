@@ -1,0 +1,62 @@
+"""The one place that turns user objects into native tensor views.
+
+Accepted: numpy arrays and anything with the buffer protocol, torch tensors
+and anything with ``__dlpack__``.  Every check names the argument, shows its
+shape/strides/dtype/device and says what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorxfer import _core
+
+TensorView = _core.TensorView
+
+
+def _prepare(obj: Any) -> Any:
+    # torch refuses to export tensors that require grad or carry lazy conj/neg bits.
+    if getattr(obj, "requires_grad", False):
+        obj = obj.detach()
+    if getattr(obj, "is_conj", None) is not None and obj.is_conj():
+        obj = obj.resolve_conj()
+    if getattr(obj, "is_neg", None) is not None and obj.is_neg():
+        obj = obj.resolve_neg()
+    return obj
+
+
+def as_view(
+    obj: Any,
+    name: str,
+    *,
+    host: bool = False,
+    contiguous: bool = True,
+    writable: bool = False,
+) -> TensorView:
+    """View ``obj`` for the native core; ``name`` is the argument name used in errors.
+
+    ``host`` requires host memory, ``contiguous`` a C-contiguous layout and
+    ``writable`` a writable buffer.  The returned view keeps ``obj`` alive.
+    """
+    if isinstance(obj, TensorView):
+        view = obj
+    else:
+        view = _core.make_view(_prepare(obj), name)
+    if host and not view.is_host:
+        raise ValueError(f"{name} must be in host memory (device cpu), got {view.describe()}")
+    if contiguous and not view.is_contiguous:
+        raise ValueError(
+            f"{name} must be C-contiguous, got {view.describe()} "
+            "(call .contiguous() / numpy.ascontiguousarray first)"
+        )
+    if writable and view.readonly:
+        raise ValueError(f"{name} must be writable, got a read-only {view.describe()}")
+    return view
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    """True for torch tensors, without importing torch when it is not loaded."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
