@@ -4,6 +4,8 @@
 #include <cstring>
 #include <dlpack/dlpack.h>
 
+#include <pybind11/stl.h>
+
 #include "bindings.h"
 #include "tensorxfer/common/error.h"
 
