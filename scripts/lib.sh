@@ -1,0 +1,60 @@
+# Shared set-up steps for scripts/demo.sh and scripts/test.sh (sourced, not run).
+# Installs only what is missing: Debian packages, a virtual environment, the package.
+
+TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev libnuma-dev
+                 libgtest-dev libbenchmark-dev)
+TORCH_VERSION=2.13.0
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Debian packages that are missing (headers, test and benchmark libraries, build tools).
+install_debian_packages() {
+  local missing=()
+  for package in "${DEBIAN_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+      || missing+=("$package")
+  done
+  # A Python from elsewhere (pyenv, conda) brings its own headers and venv.
+  if python3 -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' 2>/dev/null \
+     && python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    missing=("${missing[@]/python3-dev}"); missing=("${missing[@]/python3-venv}")
+  fi
+  # Build tools already on PATH (e.g. from pip) need no Debian copy.
+  command -v cmake >/dev/null && missing=("${missing[@]/cmake}")
+  command -v ninja >/dev/null && missing=("${missing[@]/ninja-build}")
+  command -v g++ >/dev/null && missing=("${missing[@]/g++}")
+  local wanted=()
+  for package in "${missing[@]}"; do [ -n "$package" ] && wanted+=("$package"); done
+  if [ ${#wanted[@]} -gt 0 ]; then
+    log "installing Debian packages: ${wanted[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null
+  fi
+}
+
+# make_venv DIR: a virtual environment with pip up to date and torch $TORCH_VERSION (CPU).
+make_venv() {
+  local venv=$1
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating virtual environment $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+  fi
+  if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+    log "installing torch==$TORCH_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+  fi
+}
+
+# install_package VENV EXTRAS: `pip install .[EXTRAS]` from this checkout, build isolation on,
+# exactly as a user runs it.
+install_package() {
+  local venv=$1 extras=$2
+  log "pip install .[$extras] (builds the C++ core and the extension)"
+  (cd "$TOP" && "$venv/bin/python" -m pip install -q ".[$extras]")
+}

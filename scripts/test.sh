@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every test: GoogleTest (ctest) and pytest against the package installed into a
+# fresh virtual environment. Installs what is missing first.
+#   scripts/test.sh [extra pytest arguments]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BUILD=$TOP/build
+VENV=$BUILD/test-venv
+mkdir -p "$BUILD"
+install_debian_packages
+
+log "fresh virtual environment $VENV"
+rm -rf "$VENV"
+make_venv "$VENV"
+install_package "$VENV" "torch,test"
+
+log "C++ tests (GoogleTest via ctest)"
+cmake -S "$TOP" -B "$BUILD/cpp-tests" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=ON -DTENSORXFER_BUILD_PYTHON=OFF >/dev/null
+cmake --build "$BUILD/cpp-tests" -j2
+(cd "$BUILD/cpp-tests" && ctest --output-on-failure -j2 --timeout 300)
+
+log "Python tests (pytest on the installed package)"
+# Run from the checkout with the sources off sys.path: `tensorxfer` must come from the venv.
+cd "$TOP"
+"$VENV/bin/python" - <<'PY'
+import os, sys, tensorxfer
+where = os.path.dirname(tensorxfer.__file__)
+assert "site-packages" in where, f"tensorxfer imported from {where}, not the installed package"
+print(f"testing tensorxfer {tensorxfer.__version__} installed at {where}", file=sys.stderr)
+PY
+exec "$VENV/bin/python" -m pytest tests/python -p no:cacheprovider "$@"
