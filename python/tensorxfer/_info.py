@@ -1,0 +1,251 @@
+"""What this build compiled in and what the machine offers now (``python -m tensorxfer info``).
+
+Every probe is independent and never raises: a probe that cannot run reports
+why in its ``detail`` field instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+import resource
+import subprocess
+import sys
+from typing import Any
+
+SHM_DIR = "/dev/shm"
+NUMA_DIR = "/sys/devices/system/node"
+YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def torch_info() -> dict[str, Any]:
+    """``{"installed", "version"}`` for torch, imported only here (it is optional)."""
+    try:
+        import torch
+    except ImportError:
+        return {"installed": False, "version": "not installed"}
+    return {"installed": True, "version": str(torch.__version__)}
+
+
+def devices() -> dict[str, Any]:
+    """Device families usable now: ``{"cpu": 1, "cuda": n, "xpu": n, "mps": n}``.
+
+    The CPU is always there; the others are counted through torch (0 without it),
+    so they say what the torch-based backends can reach.
+    """
+    found: dict[str, Any] = {"cpu": 1, "cuda": 0, "xpu": 0, "mps": 0}
+    try:
+        import torch
+    except ImportError:
+        return found
+    if torch.cuda.is_available():
+        found["cuda"] = int(torch.cuda.device_count())
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        found["xpu"] = int(xpu.device_count())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found["mps"] = 1
+    return found
+
+
+def shared_memory_space(path: str = SHM_DIR) -> dict[str, Any]:
+    """Free and total bytes of the shared-memory file system at ``path``."""
+    try:
+        stats = os.statvfs(path)
+    except OSError as error:
+        return {"path": path, "free_bytes": None, "total_bytes": None, "detail": str(error)}
+    return {
+        "path": path,
+        "free_bytes": stats.f_bavail * stats.f_frsize,
+        "total_bytes": stats.f_blocks * stats.f_frsize,
+    }
+
+
+def _ptrace_scope() -> int | None:
+    text = _read_text(YAMA_PTRACE_SCOPE)
+    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _first_mapping_start(pid: int) -> int:
+    # The first line of /proc/<pid>/maps is the executable's ELF header page.
+    with open(f"/proc/{pid}/maps", encoding="ascii") as maps:
+        first = maps.readline()
+    return int(first.split("-", 1)[0], 16)
+
+
+def _probe_process_vm_readv() -> tuple[bool, str]:
+    """Reads 4 bytes of a child process with process_vm_readv; expects its ELF magic."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if not hasattr(libc, "process_vm_readv"):
+        return False, "libc has no process_vm_readv"
+    libc.process_vm_readv.restype = ctypes.c_ssize_t
+    libc.process_vm_readv.argtypes = [
+        ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+        ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong,
+    ]
+    try:
+        child = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as error:
+        return False, f"could not start a probe child: {error}"
+    try:
+        try:
+            address = _first_mapping_start(child.pid)
+        except (OSError, ValueError) as error:
+            return False, f"cannot read /proc/{child.pid}/maps: {error}"
+        buffer = ctypes.create_string_buffer(4)
+        local = _IoVec(ctypes.cast(buffer, ctypes.c_void_p), 4)
+        remote = _IoVec(address, 4)
+        got = libc.process_vm_readv(child.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got < 0:
+            code = ctypes.get_errno()
+            return False, f"process_vm_readv on a child failed: {errno.errorcode.get(code, code)} ({os.strerror(code)})"
+        if buffer.raw != b"\x7fELF":
+            return False, f"process_vm_readv read {buffer.raw!r}, expected the ELF magic"
+        return True, "process_vm_readv on a child process succeeded"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def cross_memory_attach() -> dict[str, Any]:
+    """Whether this process may read another process's memory (process_vm_readv / CMA).
+
+    ``permitted`` is the result of a real probe on a child process;
+    ``ptrace_scope`` is Yama's setting (None when Yama is absent): with 1 only
+    descendants (or processes that allowed us with PR_SET_PTRACER) may be read,
+    with 2 only privileged processes, with 3 nobody.
+    """
+    scope = _ptrace_scope()
+    try:
+        permitted, detail = _probe_process_vm_readv()
+    except Exception as error:  # a probe must never break `info`
+        permitted, detail = False, f"probe failed: {error!r}"
+    siblings = None if not permitted else (scope in (None, 0))
+    return {
+        "permitted": permitted,
+        "ptrace_scope": scope,
+        "between_unrelated_processes": siblings,
+        "detail": detail,
+    }
+
+
+def numa_nodes(path: str = NUMA_DIR) -> list[int]:
+    """NUMA node ids the kernel exposes (empty when the kernel has no NUMA support)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    return sorted(int(name[4:]) for name in names if name.startswith("node") and name[4:].isdigit())
+
+
+def hugepages() -> dict[str, Any]:
+    """Explicit huge pages (HugePages_* in /proc/meminfo) and transparent huge page mode."""
+    info: dict[str, Any] = {"hugepage_size_bytes": None, "total": 0, "free": 0,
+                            "transparent": None}
+    meminfo = _read_text("/proc/meminfo") or ""
+    for line in meminfo.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key == "HugePages_Total" and parts:
+            info["total"] = int(parts[0])
+        elif key == "HugePages_Free" and parts:
+            info["free"] = int(parts[0])
+        elif key == "Hugepagesize" and parts:
+            info["hugepage_size_bytes"] = int(parts[0]) * 1024
+    thp = _read_text(THP_ENABLED)
+    if thp is not None and "[" in thp:
+        info["transparent"] = thp.split("[", 1)[1].split("]", 1)[0]
+    info["explicit_available"] = info["free"] > 0
+    return info
+
+
+def _memlock_limit() -> int | None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def collect() -> dict[str, Any]:
+    """Everything ``info`` reports, as a JSON-serialisable dict."""
+    import tensorxfer
+
+    compiled = tensorxfer.capabilities()
+    return {
+        "version": tensorxfer.__version__,
+        "compiled": {key: bool(compiled[key]) for key in ("cuda", "mpi", "numa")},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "torch": torch_info(),
+        "devices": devices(),
+        "shm": shared_memory_space(),
+        "cross_memory_attach": cross_memory_attach(),
+        "numa_nodes": numa_nodes(),
+        "hugepages": hugepages(),
+        "memlock_limit_bytes": _memlock_limit(),
+    }
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
+        value /= 1024
+    return str(value)
+
+
+def format_text(info: dict[str, Any]) -> str:
+    """The human-readable form of :func:`collect`'s result."""
+    yes = {True: "yes", False: "no", None: "unknown"}
+    compiled = ", ".join(f"{key}={yes[val]}" for key, val in info["compiled"].items())
+    devices_text = ", ".join(f"{name}:{count}" for name, count in info["devices"].items())
+    shm = info["shm"]
+    cma = info["cross_memory_attach"]
+    scope = "no yama" if cma["ptrace_scope"] is None else f"yama ptrace_scope={cma['ptrace_scope']}"
+    huge = info["hugepages"]
+    memlock = info["memlock_limit_bytes"]
+    lines = [
+        ("version", info["version"]),
+        ("compiled in", compiled),
+        ("python", f"{info['python']} on {info['platform']}"),
+        ("cpus", str(info["cpus"])),
+        ("torch", info["torch"]["version"]),
+        ("devices", devices_text),
+        ("/dev/shm free", f"{_bytes(shm['free_bytes'])} of {_bytes(shm['total_bytes'])}"),
+        ("cross-memory attach", f"{yes[cma['permitted']]} ({scope}; {cma['detail']})"),
+        ("numa nodes", ", ".join(map(str, info["numa_nodes"])) or "none"),
+        ("hugepages", f"{huge['free']}/{huge['total']} free of {_bytes(huge['hugepage_size_bytes'])}, "
+                      f"transparent={huge['transparent']}"),
+        ("memlock limit", "unlimited" if memlock is None else _bytes(memlock)),
+    ]
+    width = max(len(key) for key, _ in lines)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in lines)
+
+
+def main_info(as_json: bool) -> int:
+    """Prints the report (JSON when ``as_json``); returns the exit code."""
+    import json
+
+    info = collect()
+    print(json.dumps(info, indent=2, sort_keys=True) if as_json else format_text(info))
+    sys.stdout.flush()
+    return 0
