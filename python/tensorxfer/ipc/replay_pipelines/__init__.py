@@ -1,0 +1,12 @@
+"""Replay pipelines: collectors pack sampled batches into shared host slots and a
+learner moves them to its device.
+
+* ``tensorxfer.ipc.replay_pipelines.base`` -- ``ReplayTickMetadata``, what a
+  producer says about one packed batch.
+* ``tensorxfer.ipc.replay_pipelines.transfer`` -- the host-to-device transfer
+  backends and ``build_replay_transfer_backend``.
+"""
+
+from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
+
+__all__ = ["ReplayTickMetadata"]

@@ -1,0 +1,378 @@
+"""What every replay transfer backend shares: argument checks, per-slot ready
+bookkeeping, trace spans and the close / context-manager lifecycle.
+
+``TransferBackendBase`` implements the public methods of the
+``ReplayTransferBackend`` contract once; a backend supplies the device work
+through the ``_``-prefixed hooks documented on the class.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+
+from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
+
+DEFAULT_WAIT_TIMEOUT_S = 60.0
+TRACE_CATEGORY = "replay_transfer"
+SUBMIT_SPAN_NAME = "replay.h2d_submit"
+COPY_SPAN_NAME = "replay.h2d_copy"
+
+
+def require_int(value: Any, name: str, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (numpy integers accepted, bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def require_ring_depth(ring_depth: Any) -> int:
+    """Validates the number of ring slots a backend tracks."""
+    return require_int(ring_depth, "ring_depth", minimum=1)
+
+
+def resolve_timeout(timeout: Any) -> float:
+    """``None`` -> the default wait; otherwise a finite number of seconds > 0."""
+    if timeout is None:
+        return DEFAULT_WAIT_TIMEOUT_S
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def poll_until_done(query, timeout: float, what: str) -> None:
+    """Polls ``query()`` (non-blocking) until it is True: spins briefly, then
+    sleeps with a growing interval (at most 1 ms).  Raises ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0
+    while not query():
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+        if pause:
+            time.sleep(min(pause, deadline - now))
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+
+
+def resolve_h2d_nbytes(
+    *, dst_dtype: str, dst_nbytes: int, dst_text: str, src_dtype: str, src_nbytes: int, src_text: str, h2d_bytes: Any
+) -> int:
+    """The number of bytes to copy.  ``dst`` and ``src`` must share a dtype; with
+    ``h2d_bytes=None`` their sizes must match and everything is copied, else
+    ``h2d_bytes`` (an int >= 0) must fit in both and that prefix is copied."""
+    if dst_dtype != src_dtype:
+        raise TypeError(f"dst and src must have the same dtype, got dst {dst_text} and src {src_text}")
+    if h2d_bytes is None:
+        if dst_nbytes != src_nbytes:
+            raise ValueError(
+                f"dst and src must have the same size in bytes (or pass h2d_bytes), got dst {dst_nbytes} bytes "
+                f"({dst_text}) and src {src_nbytes} bytes ({src_text})"
+            )
+        return dst_nbytes
+    nbytes = require_int(h2d_bytes, "h2d_bytes", minimum=0)
+    if nbytes > dst_nbytes or nbytes > src_nbytes:
+        raise ValueError(
+            f"h2d_bytes must be <= the size of both dst ({dst_nbytes} bytes) and src ({src_nbytes} bytes), got {nbytes}"
+        )
+    return nbytes
+
+
+def normalize_shape(shape: Any) -> Tuple[int, ...]:
+    """An int or a sequence of ints >= 0, as a tuple."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__} {shape!r}")
+    return tuple(require_int(extent, f"shape[{axis}]", minimum=0) for axis, extent in enumerate(shape))
+
+
+def torch_dtype_if_torch(dtype: Any) -> Any:
+    """``dtype`` when it is a ``torch.dtype``, else None (without importing torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return dtype if torch is not None and isinstance(dtype, torch.dtype) else None
+
+
+def numpy_dtype(dtype: Any):
+    """A numpy dtype from a numpy dtype, scalar type or name; TypeError naming ``dtype`` otherwise."""
+    import numpy
+
+    try:
+        return numpy.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(
+            f"dtype must be a torch.dtype, a numpy dtype or a numpy dtype name, got {type(dtype).__name__} {dtype!r}"
+        ) from error
+
+
+class SubmittedCopy(NamedTuple):
+    """What a backend's ``_enqueue_h2d`` hook reports back."""
+
+    nbytes: int
+    start_event: Any = None  # timing events, only when trace_cuda_events was honoured
+    end_event: Any = None
+
+
+class TransferBackendBase:
+    """The public methods of ``ReplayTransferBackend``, on top of these hooks:
+
+    * ``_register_host_slots_impl(slots) -> list`` pins/pre-faults validated
+      slots and returns what ``_release_host_slots_impl`` needs to undo it.
+    * ``_allocate_impl(count, shape, dtype) -> list`` builds device slots.
+    * ``_enqueue_h2d(slot, dst, src, h2d_bytes, timing) -> SubmittedCopy``
+      validates the tensors, issues the copy and records the slot's ready event.
+    * ``_query_ready(slot)`` / ``_wait_ready(slot, timeout)`` /
+      ``_stream_wait_ready(slot, timeout)`` act on the recorded event.
+    * ``_close_impl()`` releases the stream and events.
+    """
+
+    device_family: str
+    h2d_submitter: str
+    host_memory_kind: str
+    supports_async_submit: bool
+    supports_timing_events: bool = False
+    host_pinned: bool = False
+    direct_pinned_shared: bool = False
+
+    def __init__(self, *, ring_depth: Any) -> None:
+        self._ring_depth = require_ring_depth(ring_depth)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        # True once a copy was submitted to the slot and not cleared: ready_query consults its event.
+        self._submitted = [False] * self._ring_depth
+        self._last_tick_id: Optional[int] = None
+        self._host_registration: List[Any] = []
+
+    # -- lifecycle -------------------------------------------------------------
+    @property
+    def ring_depth(self) -> int:
+        """Number of ring slots this backend tracks."""
+        return self._ring_depth
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close``."""
+        return self._closed
+
+    def close(self) -> None:
+        """Waits for submitted copies (bounded), releases the copy stream and undoes
+        ``register_host_slots``.  Idempotent; runs on context exit and on deletion."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._close_impl()
+        finally:
+            self._release_host_slots()
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if hasattr(self, "_close_lock"):
+                self.close()
+        except Exception:  # a destructor must not raise; close() already released what it could
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if getattr(self, "_closed", True) else "open"
+        return f"{type(self).__name__}(device={self.device!s}, ring_depth={self._ring_depth}, {state})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} is closed")
+
+    def _check_slot(self, slot: Any) -> int:
+        self._check_open()
+        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
+            raise TypeError(f"slot must be an int in [0, {self._ring_depth}), got {type(slot).__name__} {slot!r}")
+        if not 0 <= slot < self._ring_depth:
+            raise ValueError(f"slot must be in [0, ring_depth={self._ring_depth}), got {slot}")
+        return int(slot)
+
+    # -- host and device slots -------------------------------------------------
+    def register_host_slots(self, slots: Sequence[Any]) -> None:
+        """Validates the shared host slots (1 to ``ring_depth`` contiguous host
+        tensors/arrays) and prepares them for copies (pre-fault, page-lock where
+        the backend can; ``host_pinned`` reports it).  Replaces an earlier
+        registration.  Undone by ``close``."""
+        self._check_open()
+        if isinstance(slots, (str, bytes)) or not hasattr(slots, "__len__") or not hasattr(slots, "__iter__"):
+            raise TypeError(f"slots must be a list of host tensors or arrays, got {type(slots).__name__}")
+        slots = list(slots)
+        if not 1 <= len(slots) <= self._ring_depth:
+            raise ValueError(f"slots must hold 1 to ring_depth={self._ring_depth} host slots, got {len(slots)}")
+        self._release_host_slots()
+        self._host_registration = list(self._register_host_slots_impl(slots))
+
+    def _release_host_slots(self) -> None:
+        registration, self._host_registration = self._host_registration, []
+        if registration:
+            self._release_host_slots_impl(registration)
+
+    def allocate_device_slots(self, *, count: int, shape: Sequence[int], dtype: Any) -> List[Any]:
+        """``count`` zero-filled contiguous slots of ``shape``/``dtype`` on the
+        backend's device (see the backend for which array family)."""
+        self._check_open()
+        count = require_int(count, "count", minimum=1)
+        return self._allocate_impl(count, normalize_shape(shape), dtype)
+
+    # -- transfer --------------------------------------------------------------
+    def submit_h2d(
+        self,
+        *,
+        slot: int,
+        dst: Any,
+        src: Any,
+        metadata: Optional[ReplayTickMetadata] = None,
+        trace_recorder: Any = None,
+        trace_cuda_events: bool = False,
+        h2d_bytes: Optional[int] = None,
+        pack_layout: str = "",
+        pack_executor: str = "",
+    ) -> float:
+        """Copies ``src`` (host slot) into ``dst`` (device slot) on the copy stream
+        and records the ready event of ``slot``; returns the CPU seconds spent
+        submitting.  See ``ReplayTransferBackend.submit_h2d``."""
+        cpu_begin = time.perf_counter()
+        begin_ns = time.monotonic_ns()
+        slot = self._check_slot(slot)
+        self._check_submit_labels(metadata, slot, trace_recorder, trace_cuda_events, pack_layout, pack_executor)
+        timing = bool(trace_cuda_events) and self.supports_timing_events
+        submitted = self._enqueue_h2d(slot, dst, src, h2d_bytes, timing)
+        self._submitted[slot] = True
+        if metadata is not None:
+            self._last_tick_id = metadata.tick_id
+        end_ns = time.monotonic_ns()
+        if trace_recorder is not None:
+            args = {
+                "slot": slot,
+                "h2d_bytes": submitted.nbytes,
+                "pack_layout": pack_layout,
+                "pack_executor": pack_executor,
+                "h2d_submitter": self.h2d_submitter,
+                "device": str(self.device),
+            }
+            if metadata is not None:
+                args.update(metadata.trace_args())
+            trace_recorder.add_slice(SUBMIT_SPAN_NAME, TRACE_CATEGORY, begin_ns, end_ns, args)
+            if timing:
+                trace_recorder.add_cuda_pending_span(
+                    COPY_SPAN_NAME, TRACE_CATEGORY, begin_ns, submitted.start_event, submitted.end_event, dict(args)
+                )
+        return time.perf_counter() - cpu_begin
+
+    def _check_submit_labels(self, metadata, slot, trace_recorder, trace_cuda_events, pack_layout, pack_executor):
+        if metadata is not None:
+            if not isinstance(metadata, ReplayTickMetadata):
+                raise TypeError(f"metadata must be a ReplayTickMetadata or None, got {type(metadata).__name__}")
+            if metadata.slot != slot:
+                raise ValueError(f"metadata.slot must equal slot={slot}, got metadata.slot={metadata.slot}")
+            if self._last_tick_id is not None and metadata.tick_id <= self._last_tick_id:
+                raise ValueError(
+                    f"metadata.tick_id must strictly increase per backend: got {metadata.tick_id} "
+                    f"after {self._last_tick_id}"
+                )
+        if not isinstance(trace_cuda_events, bool):
+            raise TypeError(f"trace_cuda_events must be a bool, got {type(trace_cuda_events).__name__}")
+        for name, label in (("pack_layout", pack_layout), ("pack_executor", pack_executor)):
+            if not isinstance(label, str):
+                raise TypeError(f"{name} must be a str label, got {type(label).__name__} {label!r}")
+        if trace_recorder is not None:
+            needed = ["add_slice"]
+            if trace_cuda_events and self.supports_timing_events:
+                needed.append("add_cuda_pending_span")
+            missing = [name for name in needed if not callable(getattr(trace_recorder, name, None))]
+            if missing:
+                raise TypeError(
+                    f"trace_recorder must have {' and '.join(needed)}(), got a {type(trace_recorder).__name__} "
+                    f"without {', '.join(missing)}"
+                )
+
+    # -- readiness -------------------------------------------------------------
+    def clear_ready(self, slot: int) -> None:
+        """Forgets the slot's last submit, so it reads as ready again (a copy
+        already submitted still runs)."""
+        slot = self._check_slot(slot)
+        self._submitted[slot] = False
+
+    def ready_query(self, slot: int) -> bool:
+        """True when the slot's last submitted copy has finished, or none is
+        pending (before the first submit / after ``clear_ready``).  Never blocks."""
+        slot = self._check_slot(slot)
+        return not self._submitted[slot] or bool(self._query_ready(slot))
+
+    def synchronize_ready(self, slot: int, *, timeout: Optional[float] = None) -> None:
+        """Blocks until the slot's last submitted copy has finished; returns at once
+        when none is pending.  ``TimeoutError`` after ``timeout`` seconds (default
+        ``DEFAULT_WAIT_TIMEOUT_S``)."""
+        slot = self._check_slot(slot)
+        timeout = resolve_timeout(timeout)
+        if self._submitted[slot]:
+            self._wait_ready(slot, timeout)
+
+    def wait_current_stream_for_ready(self, slot: int, *, timeout: Optional[float] = None) -> None:
+        """Orders the caller's current stream after the slot's last copy (devices
+        with streams: returns at once; host: the calling thread waits, bounded by
+        ``timeout`` as in ``synchronize_ready``)."""
+        slot = self._check_slot(slot)
+        timeout = resolve_timeout(timeout)
+        if self._submitted[slot]:
+            self._stream_wait_ready(slot, timeout)
+
+    # -- hooks -----------------------------------------------------------------
+    def _register_host_slots_impl(self, slots: List[Any]) -> List[Any]:
+        raise NotImplementedError
+
+    def _release_host_slots_impl(self, registration: List[Any]) -> None:
+        pass
+
+    def _allocate_impl(self, count: int, shape: Tuple[int, ...], dtype: Any) -> List[Any]:
+        raise NotImplementedError
+
+    def _enqueue_h2d(self, slot: int, dst: Any, src: Any, h2d_bytes: Any, timing: bool) -> SubmittedCopy:
+        raise NotImplementedError
+
+    def _query_ready(self, slot: int) -> bool:
+        raise NotImplementedError
+
+    def _wait_ready(self, slot: int, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+        self._wait_ready(slot, timeout)
+
+    def _close_impl(self) -> None:
+        pass
+
+
+__all__ = [
+    "DEFAULT_WAIT_TIMEOUT_S",
+    "TRACE_CATEGORY",
+    "SUBMIT_SPAN_NAME",
+    "COPY_SPAN_NAME",
+    "SubmittedCopy",
+    "TransferBackendBase",
+    "normalize_shape",
+    "numpy_dtype",
+    "poll_until_done",
+    "require_int",
+    "require_ring_depth",
+    "resolve_h2d_nbytes",
+    "resolve_timeout",
+    "torch_dtype_if_torch",
+]
