@@ -1,0 +1,224 @@
+"""Cross-process handoff: SlotRing vs multiprocessing.Queue vs torch.multiprocessing.Queue.
+
+Two measurements, each with a fresh producer process (spawn) per transport:
+
+* latency: the producer sends a 64-byte batch every ``interval_s`` to a
+  consumer that is already blocked waiting for it; the batch carries
+  ``time.monotonic_ns()`` taken just before the handoff (CLOCK_MONOTONIC is
+  shared by every process), the consumer subtracts it from its own clock as
+  soon as the wait returns.
+* throughput: the producer writes 4 MiB batches as fast as the transport takes
+  them; the consumer checks each batch's sequence number and hands it back.
+
+Every transport moves the bytes from a producer buffer to memory the consumer
+can read: the ring copies them into a shared slot, ``multiprocessing.Queue``
+pickles them through a pipe, the torch queue copies them into one of a pool of
+shared tensors whose index comes back on a second queue.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+TRANSPORTS = ("slot_ring", "slot_ring_nospin", "mp_queue", "torch_queue")
+LABELS = {
+    "slot_ring": "SlotRing (default wait)",
+    "slot_ring_nospin": "SlotRing (spin off)",
+    "mp_queue": "multiprocessing.Queue",
+    "torch_queue": "torch.multiprocessing.Queue",
+}
+_TIMEOUT_S = 10.0
+# Shared tensors in flight on the torch queue: throughput needs a few; the latency
+# run uses one so a slow handoff cannot queue batches behind each other.
+_TORCH_POOL_THROUGHPUT = 4
+_TORCH_POOL_LATENCY = 1
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    remaining = deadline_ns - time.monotonic_ns()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
+
+
+def _ring_spin_kwargs(transport: str) -> dict[str, Any]:
+    return {"spin_us": 0} if transport == "slot_ring_nospin" else {}
+
+
+# ---- producers (run in the child process; importable for spawn) -------------------
+
+def _produce(transport: str, channel: Any, ready: Any, go: Any, done: Any, count: int,
+             payload_nbytes: int, interval_s: float) -> None:
+    """Sends ``count`` batches of ``payload_nbytes`` (every ``interval_s``, 0 = back to back).
+
+    Stays alive until the consumer sets ``done``: torch hands shared tensors over
+    by passing file descriptors that this process must still be able to serve.
+    """
+    source = np.full(payload_nbytes, 7, dtype=np.uint8)
+    send = _make_sender(transport, channel, source)
+    ready.set()
+    if not go.wait(_TIMEOUT_S):
+        return
+    next_ns = time.monotonic_ns()
+    for sequence in range(count):
+        if interval_s > 0:
+            next_ns += int(interval_s * 1e9)
+            _sleep_until(next_ns)
+        send(sequence)
+    done.wait(_TIMEOUT_S)
+
+
+def _make_sender(transport: str, channel: Any, source: np.ndarray) -> Callable[[int], None]:
+    if transport.startswith("slot_ring"):
+        from tensorxfer.ipc import SlotRing
+
+        ring = SlotRing.attach(channel, **_ring_spin_kwargs(transport))
+
+        def send(sequence: int) -> None:
+            slot = ring.acquire_free(timeout=_TIMEOUT_S)
+            view = ring.slot_array(slot)
+            view[: source.nbytes] = source
+            header = view[:16].view(np.int64)
+            header[1] = sequence
+            header[0] = time.monotonic_ns()
+            ring.publish(slot, tick_id=sequence)
+
+        return send
+    if transport == "mp_queue":
+        def send(sequence: int) -> None:
+            channel.put((time.monotonic_ns(), sequence, source))
+
+        return send
+    import torch
+
+    queue, free_queue, pool = channel
+    source_tensor = torch.from_numpy(source)
+
+    def send(sequence: int) -> None:
+        index = free_queue.get(timeout=_TIMEOUT_S)
+        pool[index].copy_(source_tensor)
+        queue.put((time.monotonic_ns(), sequence, index, pool[index]))
+
+    return send
+
+
+# ---- consumer side (the benchmark process) ---------------------------------------
+
+class _Consumer:
+    """Owns one transport's consumer end and its producer process."""
+
+    def __init__(self, transport: str, payload_nbytes: int, torch_pool: int = _TORCH_POOL_THROUGHPUT) -> None:
+        self.transport = transport
+        self.payload_nbytes = payload_nbytes
+        self.ring = None
+        if transport.startswith("slot_ring"):
+            from tensorxfer.ipc import SlotRing
+
+            self.ring = SlotRing.create(depth=4, slot_nbytes=max(64, payload_nbytes),
+                                        **_ring_spin_kwargs(transport))
+            self.context = multiprocessing.get_context("spawn")
+            self.channel: Any = self.ring.handle
+            self.slots = [self.ring.slot_array(i) for i in range(self.ring.depth)]
+        elif transport == "mp_queue":
+            self.context = multiprocessing.get_context("spawn")
+            self.channel = self.context.Queue()
+        else:
+            import torch
+            import torch.multiprocessing as torch_mp
+
+            self.context = torch_mp.get_context("spawn")
+            pool = [torch.zeros(payload_nbytes, dtype=torch.uint8).share_memory_()
+                    for _ in range(torch_pool)]
+            queue, free_queue = self.context.Queue(), self.context.Queue()
+            for index in range(torch_pool):
+                free_queue.put(index)
+            self.free_queue = free_queue
+            self.channel = (queue, free_queue, pool)
+
+    def receive(self) -> tuple[int, int]:
+        """Waits for the next batch; returns (send timestamp ns, sequence); frees it at once."""
+        if self.ring is not None:
+            slot, tick = self.ring.acquire_ready(timeout=_TIMEOUT_S)
+            header = self.slots[slot][:16].view(np.int64)
+            sent_ns, sequence = int(header[0]), int(header[1])
+            self.ring.release(slot)
+            return sent_ns, sequence
+        if self.transport == "mp_queue":
+            sent_ns, sequence, payload = self.channel.get(timeout=_TIMEOUT_S)
+            if payload.nbytes != self.payload_nbytes:
+                raise RuntimeError(f"mp_queue delivered {payload.nbytes} bytes, expected {self.payload_nbytes}")
+            return sent_ns, sequence
+        sent_ns, sequence, index, tensor = self.channel[0].get(timeout=_TIMEOUT_S)
+        if tensor.numel() != self.payload_nbytes:
+            raise RuntimeError(f"torch_queue delivered {tensor.numel()} bytes, expected {self.payload_nbytes}")
+        del tensor
+        self.free_queue.put(index)
+        return sent_ns, sequence
+
+    def run(self, count: int, interval_s: float) -> list[tuple[int, int]]:
+        """Starts the producer, receives ``count`` batches; returns (sent ns, received ns) pairs."""
+        ready, go, done = self.context.Event(), self.context.Event(), self.context.Event()
+        producer = self.context.Process(
+            target=_produce, args=(self.transport, self.channel, ready, go, done, count,
+                                   self.payload_nbytes, interval_s), daemon=True)
+        producer.start()
+        try:
+            if not ready.wait(60.0):
+                raise TimeoutError(f"{self.transport} producer did not start within 60 s")
+            go.set()
+            stamps = []
+            for expected in range(count):
+                sent_ns, sequence = self.receive()
+                stamps.append((sent_ns, time.monotonic_ns()))
+                if sequence != expected:
+                    raise RuntimeError(f"{self.transport}: got batch {sequence}, expected {expected}")
+            done.set()
+            producer.join(_TIMEOUT_S)
+            return stamps
+        finally:
+            if producer.is_alive():
+                producer.kill()
+                producer.join()
+
+    def close(self) -> None:
+        """Releases the transport (the ring's segment is unlinked)."""
+        if self.ring is not None:
+            self.slots = []
+            self.ring.close()
+        elif self.transport == "mp_queue":
+            self.channel.close()
+            self.channel.join_thread()
+
+
+def measure_latency(transport: str, count: int, interval_s: float, warmup: int) -> list[float]:
+    """Handoff latencies in microseconds of ``count`` 64-byte batches (first ``warmup`` dropped)."""
+    consumer = _Consumer(transport, payload_nbytes=64, torch_pool=_TORCH_POOL_LATENCY)
+    try:
+        stamps = consumer.run(count + warmup, interval_s)
+    finally:
+        consumer.close()
+    return [(received - sent) / 1e3 for sent, received in stamps[warmup:]]
+
+
+def measure_throughput(transport: str, count: int, payload_nbytes: int) -> float:
+    """Batches per second of ``count`` back-to-back batches of ``payload_nbytes``."""
+    consumer = _Consumer(transport, payload_nbytes=payload_nbytes)
+    try:
+        stamps = consumer.run(count, interval_s=0.0)
+    finally:
+        consumer.close()
+    # From the first batch's arrival to the last's: process start-up is not counted.
+    elapsed_ns = stamps[-1][1] - stamps[0][1]
+    return (len(stamps) - 1) / (elapsed_ns / 1e9)
+
+
+def available_transports() -> list[str]:
+    """The transports this machine can run (the torch queue needs torch)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return [t for t in TRANSPORTS if t != "torch_queue"]
+    return list(TRANSPORTS)

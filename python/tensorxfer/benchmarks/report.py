@@ -1,0 +1,251 @@
+"""Shared helpers for the side-by-side benchmarks: timing, medians, ratio tables, JSON and PNG.
+
+A benchmark records :class:`Measurement` rows (one per case x variant x metric,
+each with its raw samples), then :meth:`Report.compare` turns a candidate and a
+baseline into a ratio against a target.  ``Report.table()`` prints everything,
+``Report.write(out_dir, stem)`` writes ``<stem>.json`` and ``<stem>.png``.
+
+Ratios are always "how many times better the candidate is": baseline/candidate
+for times and latencies, candidate/baseline for throughputs.  A miss is
+reported, never raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``samples`` by linear interpolation."""
+    if not samples:
+        raise ValueError("percentile: samples is empty")
+    ordered = sorted(samples)
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median(samples: Sequence[float]) -> float:
+    """The median of ``samples`` (ValueError when empty)."""
+    if not samples:
+        raise ValueError("median: samples is empty")
+    return float(statistics.median(samples))
+
+
+def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int,
+                     warmup: int = 1) -> dict[str, list[float]]:
+    """Runs every variant ``repeats`` times, rotating the order each round; seconds per call.
+
+    Interleaving spreads machine noise (frequency, other processes) over every
+    variant instead of penalising whichever happened to run during it.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            begin = time.perf_counter()
+            variants[name]()
+            samples[name].append(time.perf_counter() - begin)
+    return samples
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One measured quantity: its median ``value`` in ``unit`` and the raw ``samples``."""
+
+    case: str
+    variant: str
+    metric: str
+    value: float
+    unit: str
+    lower_is_better: bool
+    samples: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Candidate vs baseline on one metric: ``ratio`` > 1 means the candidate is better."""
+
+    case: str
+    metric: str
+    candidate: str
+    baseline: str
+    ratio: float
+    target: float | None
+    met: bool | None
+
+
+class Report:
+    """Collects measurements and comparisons of one benchmark run."""
+
+    def __init__(self, title: str, config: Mapping[str, Any] | None = None) -> None:
+        """``title`` names the benchmark; ``config`` (sizes, repeats) goes into the JSON."""
+        self.title = title
+        self.config = dict(config or {})
+        self.measurements: list[Measurement] = []
+        self.comparisons: list[Comparison] = []
+        self.notes: list[str] = []
+
+    def add(self, case: str, variant: str, metric: str, samples: Sequence[float], unit: str,
+            *, lower_is_better: bool, value: float | None = None) -> Measurement:
+        """Records ``samples``; the row's value is their median unless ``value`` is given."""
+        samples = [float(s) for s in samples]
+        measured = Measurement(case, variant, metric, median(samples) if value is None else float(value),
+                               unit, lower_is_better, samples)
+        self.measurements.append(measured)
+        return measured
+
+    def find(self, case: str, variant: str, metric: str) -> Measurement:
+        """The measurement recorded for (case, variant, metric); KeyError if none."""
+        for measured in self.measurements:
+            if (measured.case, measured.variant, measured.metric) == (case, variant, metric):
+                return measured
+        raise KeyError(f"no measurement for case={case!r} variant={variant!r} metric={metric!r}")
+
+    def compare(self, case: str, metric: str, candidate: str, baseline: str,
+                target: float | None = None) -> Comparison:
+        """Ratio of ``candidate`` over ``baseline`` (better-is-bigger) against ``target``."""
+        cand = self.find(case, candidate, metric)
+        base = self.find(case, baseline, metric)
+        if cand.lower_is_better:
+            ratio = base.value / cand.value if cand.value > 0 else float("inf")
+        else:
+            ratio = cand.value / base.value if base.value > 0 else float("inf")
+        met = None if target is None else bool(ratio >= target)
+        comparison = Comparison(case, metric, candidate, baseline, ratio, target, met)
+        self.comparisons.append(comparison)
+        return comparison
+
+    def note(self, text: str) -> None:
+        """Adds a free-form line printed under the table and stored in the JSON."""
+        self.notes.append(text)
+
+    def table(self) -> str:
+        """Measurements, then comparisons with ratio, target and whether it was met."""
+        rows = [("case", "variant", "metric", "median", "unit", "n")]
+        for m in self.measurements:
+            rows.append((m.case, m.variant, m.metric, _number(m.value), m.unit, str(len(m.samples))))
+        text = [f"== {self.title} ==", _align(rows), "", "ratios (>1 = tensorxfer better):"]
+        rows = [("case", "metric", "candidate", "vs baseline", "ratio", "target", "met")]
+        for c in self.comparisons:
+            rows.append((c.case, c.metric, c.candidate, c.baseline, f"{c.ratio:.2f}x",
+                         "-" if c.target is None else f">= {c.target:g}x",
+                         {None: "-", True: "yes", False: "NO"}[c.met]))
+        text.append(_align(rows))
+        text.extend(f"note: {line}" for line in self.notes)
+        return "\n".join(text)
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything recorded, plus the machine and the config, as a JSON-ready dict."""
+        return {
+            "title": self.title,
+            "machine": machine_info(),
+            "config": self.config,
+            "measurements": [dataclasses.asdict(m) for m in self.measurements],
+            "comparisons": [dataclasses.asdict(c) for c in self.comparisons],
+            "notes": list(self.notes),
+        }
+
+    def write(self, out_dir: str | os.PathLike, stem: str) -> tuple[Path, Path | None]:
+        """Writes ``<out_dir>/<stem>.json`` and, with matplotlib, ``<stem>.png``; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        png_path: Path | None = out / f"{stem}.png"
+        if not plot_comparisons(self, png_path):
+            png_path = None
+        json_path = out / f"{stem}.json"
+        json_path.write_text(json.dumps(self.to_json(), indent=2, default=_json_default) + "\n")
+        return json_path, png_path
+
+
+def plot_comparisons(report: Report, path: Path) -> bool:
+    """Bar chart of every comparison's ratio with its target marked; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        report.note("matplotlib is not installed: no PNG written (pip install matplotlib)")
+        return False
+    comparisons = report.comparisons
+    if not comparisons:
+        return False
+    labels = [f"{c.case}\n{c.metric}: {c.candidate}\nvs {c.baseline}" for c in comparisons]
+    colors = ["tab:gray" if c.met is None else ("tab:green" if c.met else "tab:red") for c in comparisons]
+    figure, axes = plt.subplots(figsize=(max(8.0, 1.3 * len(comparisons)), 6.0))
+    positions = range(len(comparisons))
+    axes.bar(positions, [c.ratio for c in comparisons], color=colors)
+    for index, c in enumerate(comparisons):
+        if c.target is not None:
+            axes.hlines(c.target, index - 0.4, index + 0.4, colors="black", linestyles="dashed")
+        axes.annotate(f"{c.ratio:.2f}x", (index, c.ratio), ha="center", va="bottom", fontsize=8)
+    axes.axhline(1.0, color="gray", linewidth=0.8)
+    axes.set_xticks(list(positions))
+    axes.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    axes.set_yscale("log")
+    axes.set_ylabel("ratio (>1: tensorxfer better; dashed: target)")
+    axes.set_title(report.title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model and count, OS, and the versions of Python, numpy, torch and tensorxfer."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+    }
+    for module in ("numpy", "torch", "tensorxfer"):
+        try:
+            info[module] = __import__(module).__version__
+        except ImportError:
+            info[module] = None
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _number(value: float) -> str:
+    if value == 0 or 0.01 <= abs(value) < 1e6:
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return f"{value:.3e}"
+
+
+def _align(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
