@@ -1,0 +1,150 @@
+// SlotRing: a ring of fixed-size slots in one shared-memory segment, handed
+// between processes: several producers, one consumer (the creator).
+//
+//   producer: slot = acquire_free(timeout); write slot_data(slot); publish(slot, tick_id)
+//   consumer: ready = acquire_ready(timeout); read slot_data(ready.slot); release(ready.slot)
+//
+// Order: publish() takes the next publish sequence from a shared counter;
+// acquire_ready() hands slots out strictly in that sequence order.
+//
+// Liveness: waits sleep in slices of at most runtime::kWatchSlice and between
+// slices check their peers. A producer waiting on a dead (or closed) consumer
+// gets PeerLost. A consumer reclaims slots held in WRITING by dead producers,
+// skips publish sequences a dead producer took but never filled, and gets
+// PeerLost when every producer that attached has exited or detached and
+// nothing is ready.
+//
+// Validation: layout values come from the validated copy taken at attach; slot
+// indices and state words read from shared memory are checked before use, so
+// a corrupt segment yields CorruptSegment, never an out-of-bounds access.
+//
+// Threads: one SlotRing object may be shared by threads (its shared-memory
+// steps are serialised per object). close() from another thread makes waits in
+// progress fail with "ring is closed". Objects are process-bound: in a fork()ed
+// child every call throws InvalidArgument; attach again by name there.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "tensorxfer/ipc/slot_ring_layout.h"
+#include "tensorxfer/memory/shm_segment.h"
+#include "tensorxfer/runtime/futex.h"
+
+namespace tensorxfer::ipc {
+
+struct ReadySlot {
+  uint32_t slot = 0;
+  uint64_t tick_id = 0;
+  uint64_t publish_ns = 0;  // CLOCK_MONOTONIC nanoseconds at publish()
+};
+
+class SlotRing {
+ public:
+  // Wait forever (still watching peers).
+  static constexpr std::chrono::nanoseconds kNoTimeout = std::chrono::nanoseconds::max();
+
+  // Creates a ring; the calling process is its consumer. Throws InvalidArgument
+  // for depth outside [1, kMaxRingDepth], slot_nbytes outside [1, kMaxSlotBytes],
+  // max_producers outside [1, kMaxRingProducers]; SystemError from the OS.
+  static std::unique_ptr<SlotRing> create(uint32_t depth, std::size_t slot_nbytes,
+                                          runtime::SpinPolicy spin = runtime::SpinPolicy::adaptive(),
+                                          uint32_t max_producers = kDefaultRingProducers);
+  // Attaches as a producer. Throws what ShmSegment::attach throws, CorruptSegment
+  // for a bad ring header, PeerLost if the consumer has exited or closed the ring,
+  // InvalidArgument when max_producers producers have already attached.
+  static std::unique_ptr<SlotRing> attach(const std::string& name,
+                                          runtime::SpinPolicy spin = runtime::SpinPolicy::adaptive());
+
+  SlotRing(const SlotRing&) = delete;
+  SlotRing& operator=(const SlotRing&) = delete;
+  ~SlotRing();  // close()
+
+  // Producer: takes a FREE slot for writing. Throws Timeout after `timeout`,
+  // PeerLost if the consumer died or closed the ring.
+  uint32_t acquire_free(std::chrono::nanoseconds timeout);
+  // Producer: like acquire_free without waiting; nullopt if no slot is free.
+  [[nodiscard]] std::optional<uint32_t> try_acquire_free();
+  // Producer: makes `slot` (held by this object for writing) READY with `tick_id`.
+  // Throws InvalidArgument if the slot is out of range or not held by this object.
+  void publish(uint32_t slot, uint64_t tick_id);
+
+  // Consumer only: the next slot in publish order. Throws Timeout after `timeout`,
+  // PeerLost when all producers are gone and nothing is ready.
+  ReadySlot acquire_ready(std::chrono::nanoseconds timeout);
+  // Consumer only: like acquire_ready without waiting; nullopt if nothing is ready.
+  [[nodiscard]] std::optional<ReadySlot> try_acquire_ready();
+  // Consumer only: gives a slot obtained from acquire_ready back to the producers.
+  // Throws InvalidArgument if out of range or not held by the consumer.
+  void release(uint32_t slot);
+
+  // The slot's bytes (slot_nbytes long, 4096-aligned). Valid until this object is destroyed.
+  std::byte* slot_data(uint32_t slot) const;
+
+  const std::string& name() const noexcept { return segment_.name(); }
+  uint32_t depth() const noexcept { return layout_.depth; }
+  std::size_t slot_nbytes() const noexcept { return layout_.slot_nbytes; }
+  uint32_t max_producers() const noexcept { return layout_.max_producers; }
+  bool is_consumer() const noexcept { return consumer_; }
+  bool is_closed() const noexcept { return closed_.load(std::memory_order_relaxed); }
+  // Producers that attached and have not exited or detached (diagnostics).
+  uint32_t live_producers() const;
+  // Publish sequences skipped because their producer died before filling them.
+  uint64_t skipped_sequences() const noexcept { return skipped_sequences_; }
+
+  const runtime::SpinPolicy& spin_policy() const noexcept { return spin_; }
+  void set_spin_policy(const runtime::SpinPolicy& spin) noexcept { spin_ = spin; }
+
+  // Detaches: a producer returns the slots it holds for writing; the consumer
+  // marks the ring closed (waiting producers get PeerLost) and unlinks it.
+  // Memory stays mapped until destruction. Idempotent, never throws.
+  void close() noexcept;
+
+ private:
+  SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool consumer, runtime::SpinPolicy spin);
+
+  RingControl& control() const noexcept;
+  ProducerEntry& producer_entry(uint32_t index) const noexcept;
+  SlotEntry& slot_entry(uint32_t slot) const noexcept;
+  runtime::SharedWord64& order_cell(uint64_t sequence) const noexcept;
+  SlotWord load_slot_word(uint32_t slot, std::memory_order order) const;
+
+  void check_usable(const char* operation) const;
+  void check_slot(const char* operation, uint32_t slot) const;
+  uint32_t producers_claimed() const;
+  void register_producer();
+  uint64_t claim_sequence();
+
+  // Consumer steps (mutex_ held).
+  std::optional<ReadySlot> take_next_locked();
+  std::optional<uint32_t> find_ready_locked(uint64_t sequence) const;
+  void resolve_gaps_locked();
+  bool sequence_claimed_by_live_producer(uint64_t sequence) const;
+  void watch_as_consumer();
+  // Producer steps.
+  void watch_as_producer();
+  // Both: marks dead producers and frees the slots they held for writing.
+  void reap_dead_producers();
+
+  memory::ShmSegment segment_;
+  RingLayout layout_;
+  std::byte* payload_;
+  bool consumer_;
+  int32_t user_pid_;
+  runtime::ProcessIdentity consumer_identity_;
+  runtime::SpinPolicy spin_;
+  std::optional<uint32_t> producer_index_;  // set once registered as a producer
+  uint32_t next_free_hint_ = 0;
+  uint64_t next_sequence_ = 0;  // consumer: the publish sequence acquire_ready hands out next
+  uint64_t skipped_sequences_ = 0;
+  std::atomic<bool> closed_{false};  // relaxed suffices: a flag checked between steps
+  mutable std::mutex mutex_;  // serialises this object's producer and consumer steps
+};
+
+}  // namespace tensorxfer::ipc
