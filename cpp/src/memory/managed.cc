@@ -1,0 +1,255 @@
+#include "tensorxfer/memory/managed.h"
+
+#include <cerrno>
+#include <string>
+
+#include "tensorxfer/common/error.h"
+
+#ifdef TENSORXFER_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace tensorxfer::memory::managed {
+namespace {
+
+#ifdef TENSORXFER_WITH_CUDA
+
+std::string describe_cuda_error(cudaError_t error) {
+  return std::string(cudaGetErrorString(error)) + " (" + cudaGetErrorName(error) + ")";
+}
+
+// Throws the tensorxfer error matching a failed CUDA call; clears the runtime's last error.
+void check_cuda(cudaError_t error, const std::string& call) {
+  if (error == cudaSuccess) return;
+  (void)cudaGetLastError();
+  const std::string message = call + " failed: " + describe_cuda_error(error);
+  switch (error) {
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInvalidDevicePointer:
+      throw InvalidArgument(message);
+    case cudaErrorMemoryAllocation:
+      throw SystemError(message, ENOMEM);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNotSupported:
+    case cudaErrorInitializationError:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorStubLibrary:
+    case cudaErrorDevicesUnavailable:
+      throw Unsupported(message);
+    default:
+      throw Error(message);
+  }
+}
+
+#if CUDART_VERSION >= 13000
+cudaMemLocation location_of(int device) {
+  cudaMemLocation location{};
+  location.type = device == kCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+  location.id = device == kCpuDeviceId ? 0 : device;
+  return location;
+}
+#endif
+
+// Makes `device` current for the scope, restoring the previous one after.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (device != previous_) check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+  ~CurrentDevice() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+#endif  // TENSORXFER_WITH_CUDA
+
+// Throws Unsupported unless the runtime sees at least one GPU.
+void require_cuda(const char* operation) {
+  const CudaStatus status = cuda_status();
+  if (status.device_count == 0) {
+    throw Unsupported(std::string(operation) + ": CUDA managed memory is unavailable: " + status.reason);
+  }
+}
+
+// Rejects ids that are never valid: below -1, or -1 where only a GPU makes sense.
+void check_device_id(int device, const char* operation, bool allow_cpu) {
+  if (device == kCpuDeviceId && allow_cpu) return;
+  if (device < 0) {
+    throw InvalidArgument(std::string(operation) + ": device must be " +
+                          (allow_cpu ? "-1 (the CPU) or a GPU id >= 0" : "a GPU id >= 0") + ", got " +
+                          std::to_string(device));
+  }
+}
+
+// Checks that CUDA works and that a GPU `device` (when not the CPU) exists.
+void require_target(int device, const char* operation) {
+  require_cuda(operation);
+  if (device != kCpuDeviceId) require_gpu(device, operation);
+}
+
+void require_managed(const void* pointer, const char* operation) {
+  if (!is_managed_pointer(pointer)) {
+    throw InvalidArgument(std::string(operation) +
+                          ": the tensor is not CUDA managed memory (allocate it from "
+                          "create_unified_mempool())");
+  }
+}
+
+}  // namespace
+
+CudaStatus cuda_status() noexcept {
+  CudaStatus status;
+#ifdef TENSORXFER_WITH_CUDA
+  status.compiled = true;
+  status.runtime_version = CUDART_VERSION;
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    status.reason = "cudaGetDeviceCount failed: " + describe_cuda_error(error);
+  } else if (count == 0) {
+    status.reason = "cudaGetDeviceCount reports no CUDA device";
+  } else {
+    status.device_count = count;
+  }
+#else
+  status.reason = "this build of tensorxfer has no CUDA (rebuild with the CUDA toolkit and "
+                  "-DTENSORXFER_WITH_CUDA=ON)";
+#endif
+  return status;
+}
+
+void require_gpu(int device, const char* operation) {
+  const CudaStatus status = cuda_status();
+  if (status.device_count == 0) {
+    throw Unsupported(std::string(operation) + ": GPU device " + std::to_string(device) +
+                      " was requested but no CUDA device is usable: " + status.reason);
+  }
+  if (device < 0 || device >= status.device_count) {
+    throw InvalidArgument(std::string(operation) + ": device must be in [0, " +
+                          std::to_string(status.device_count) + ") (the GPUs present), got " +
+                          std::to_string(device));
+  }
+}
+
+bool concurrent_managed_access(int device) {
+  require_gpu(device, "concurrent_managed_access");
+#ifdef TENSORXFER_WITH_CUDA
+  int value = 0;
+  check_cuda(cudaDeviceGetAttribute(&value, cudaDevAttrConcurrentManagedAccess, device),
+             "cudaDeviceGetAttribute(cudaDevAttrConcurrentManagedAccess)");
+  return value != 0;
+#else
+  return false;
+#endif
+}
+
+bool is_managed_pointer(const void* pointer) noexcept {
+#ifdef TENSORXFER_WITH_CUDA
+  if (pointer == nullptr) return false;
+  cudaPointerAttributes attributes{};
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeManaged;
+#else
+  (void)pointer;
+  return false;
+#endif
+}
+
+void* allocate(std::size_t bytes, int device) {
+  if (bytes == 0) return nullptr;
+  check_device_id(device, "managed allocate", true);
+  require_target(device, "managed allocate");
+#ifdef TENSORXFER_WITH_CUDA
+  void* pointer = nullptr;
+  if (device >= 0) {
+    CurrentDevice current(device);
+    check_cuda(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal),
+               "cudaMallocManaged(" + std::to_string(bytes) + " bytes)");
+  } else {
+    check_cuda(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal),
+               "cudaMallocManaged(" + std::to_string(bytes) + " bytes)");
+  }
+  return pointer;
+#else
+  return nullptr;
+#endif
+}
+
+std::string release(void* pointer) noexcept {
+#ifdef TENSORXFER_WITH_CUDA
+  if (pointer == nullptr) return "";
+  const cudaError_t error = cudaFree(pointer);
+  if (error == cudaSuccess) return "";
+  (void)cudaGetLastError();
+  try {
+    return "cudaFree failed: " + describe_cuda_error(error);
+  } catch (...) {
+    return "cudaFree failed";
+  }
+#else
+  return pointer == nullptr ? "" : "cudaFree: this build has no CUDA";
+#endif
+}
+
+void prefetch(const void* pointer, std::size_t bytes, int device, void* stream) {
+  check_device_id(device, "prefetch_managed_tensor", true);
+  if (bytes == 0) return;
+  require_target(device, "prefetch_managed_tensor");
+  require_managed(pointer, "prefetch_managed_tensor");
+#ifdef TENSORXFER_WITH_CUDA
+  auto cuda_stream = static_cast<cudaStream_t>(stream);
+#if CUDART_VERSION >= 13000
+  check_cuda(cudaMemPrefetchAsync(pointer, bytes, location_of(device), 0, cuda_stream),
+             "cudaMemPrefetchAsync");
+#else
+  check_cuda(cudaMemPrefetchAsync(pointer, bytes, device, cuda_stream), "cudaMemPrefetchAsync");
+#endif
+#else
+  (void)stream;
+#endif
+}
+
+void advise_preferred_location(const void* pointer, std::size_t bytes, int device) {
+  check_device_id(device, "advise_managed_tensor_preferred_location", true);
+  if (bytes == 0) return;
+  require_target(device, "advise_managed_tensor_preferred_location");
+  require_managed(pointer, "advise_managed_tensor_preferred_location");
+#ifdef TENSORXFER_WITH_CUDA
+#if CUDART_VERSION >= 13000
+  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetPreferredLocation, location_of(device)),
+             "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)");
+#else
+  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetPreferredLocation, device),
+             "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)");
+#endif
+#endif
+}
+
+void advise_accessed_by(const void* pointer, std::size_t bytes, int device) {
+  check_device_id(device, "advise_managed_tensor_accessed_by", false);
+  if (bytes == 0) return;
+  require_target(device, "advise_managed_tensor_accessed_by");
+  require_managed(pointer, "advise_managed_tensor_accessed_by");
+#ifdef TENSORXFER_WITH_CUDA
+#if CUDART_VERSION >= 13000
+  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetAccessedBy, location_of(device)),
+             "cudaMemAdvise(cudaMemAdviseSetAccessedBy)");
+#else
+  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetAccessedBy, device),
+             "cudaMemAdvise(cudaMemAdviseSetAccessedBy)");
+#endif
+#endif
+}
+
+}  // namespace tensorxfer::memory::managed
