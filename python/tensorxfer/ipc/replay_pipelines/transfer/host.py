@@ -163,7 +163,10 @@ class HostReplayTransferBackend(TransferBackendBase):
         return self._ready_events[slot].query()
 
     def _wait_ready(self, slot: int, timeout: float) -> None:
-        self._ready_events[slot].wait(timeout)
+        try:
+            self._ready_events[slot].wait(timeout)
+        except TimeoutError as error:
+            raise TimeoutError(f"the copy into slot {slot} did not finish within {timeout:g} s") from error
 
     def _close_impl(self) -> None:
         self._stream.close()
