@@ -73,7 +73,7 @@ std::unique_ptr<SlotRing> SlotRing::create(uint32_t depth, std::size_t slot_nbyt
 std::unique_ptr<SlotRing> SlotRing::attach(const std::string& name, runtime::SpinPolicy spin) {
   memory::ShmSegment segment = memory::ShmSegment::attach(name, kSlotRingKind);
   const std::string context = "SlotRing::attach(" + segment.name() + ")";
-  TENSORXFER_CHECK(CorruptSegment, segment.payload_nbytes() >= 64 + sizeof(RingControl), context,
+  TENSORXFER_CHECK(CorruptSegment, segment.payload_nbytes() >= kRingControlOffset + sizeof(RingControl), context,
                    ": payload of ", segment.payload_nbytes(), " bytes is too small for a ring header");
   RingHeader header;
   std::memcpy(&header, segment.payload(), sizeof(header));
@@ -92,7 +92,7 @@ SlotRing::~SlotRing() { close(); }
 
 // ---- accessors -------------------------------------------------------------------
 
-RingControl& SlotRing::control() const noexcept { return *reinterpret_cast<RingControl*>(payload_ + 64); }
+RingControl& SlotRing::control() const noexcept { return *reinterpret_cast<RingControl*>(payload_ + kRingControlOffset); }
 
 ProducerEntry& SlotRing::producer_entry(uint32_t index) const noexcept {
   return reinterpret_cast<ProducerEntry*>(payload_ + layout_.producers_offset)[index];

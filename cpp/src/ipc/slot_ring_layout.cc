@@ -26,7 +26,7 @@ RingLayout compute_layout(uint32_t depth, uint64_t slot_nbytes, uint32_t max_pro
   layout.max_producers = max_producers;
   layout.slot_nbytes = slot_nbytes;
   layout.slot_stride = round_up(slot_nbytes, kSlotAlignment);
-  layout.producers_offset = 64 + sizeof(RingControl);
+  layout.producers_offset = kRingControlOffset + sizeof(RingControl);
   layout.slot_entries_offset = layout.producers_offset + uint64_t{max_producers} * sizeof(ProducerEntry);
   layout.order_offset = layout.slot_entries_offset + uint64_t{depth} * sizeof(SlotEntry);
   // The segment payload starts page-aligned, so page-aligned offsets give page-aligned slots.

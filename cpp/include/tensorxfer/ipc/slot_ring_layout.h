@@ -2,7 +2,7 @@
 //
 // Payload of one ShmSegment (kind "RING"), offsets from the payload start:
 //   0                    RingHeader   immutable, checksummed
-//   64                   RingControl  publish counter, producer count, consumer state, wake words
+//   128                  RingControl  publish counter, producer count, consumer state, wake words
 //   producers_offset     ProducerEntry[max_producers]
 //   slot_entries_offset  SlotEntry[depth]      per-slot state word, tick id, publish time
 //   order_offset         SharedWord64[depth]   publish-order ring: (sequence << 16 | slot)
@@ -32,6 +32,7 @@ inline constexpr uint32_t kMaxRingProducers = 255;  // the producer index is 8 b
 inline constexpr uint32_t kDefaultRingProducers = 64;
 inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 40;
 inline constexpr uint64_t kSlotAlignment = 4096;
+inline constexpr uint64_t kRingControlOffset = 128;  // after the RingHeader, cache-line aligned
 
 struct RingHeader {
   uint32_t magic;
@@ -48,6 +49,7 @@ struct RingHeader {
   uint64_t checksum;  // FNV-1a over the bytes before it
 };
 static_assert(std::is_trivially_copyable_v<RingHeader> && sizeof(RingHeader) == 80);
+static_assert(sizeof(RingHeader) <= kRingControlOffset);
 
 enum ConsumerState : uint32_t { kConsumerOpen = 1, kConsumerClosed = 2 };
 
