@@ -77,7 +77,8 @@ def test_cuda_index_beyond_visible_devices_is_refused(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(UnsupportedError, match=r"device 'cuda:3' requested but only 1 (CUDA|HIP) device\(s\) are visible"):
+    expected = r"device 'cuda:3' requested but only 1 (CUDA|HIP) device\(s\) are visible"
+    with pytest.raises(UnsupportedError, match=expected):
         build_replay_transfer_backend(device="cuda:3", ring_depth=2)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tensorxfer import _core
+from tensorxfer._tensor import as_view
 from tensorxfer.ipc.replay_pipelines.transfer import HostReplayTransferBackend
 from tensorxfer.ipc.replay_pipelines.transfer import _host_memory
 
@@ -28,11 +29,6 @@ def vm_locked_kib() -> int:
             if line.startswith("VmLck:"):
                 return int(line.split()[1])
     pytest.skip("/proc/self/status has no VmLck")
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * mmap.PAGESIZE
 
 
 def has_cap_ipc_lock() -> bool:
@@ -142,19 +138,34 @@ def test_overlapping_dst_and_src_are_refused(backend):
         backend.submit_h2d(slot=0, dst=buffer[8:40], src=buffer[:32])
 
 
+def resident_pages(array) -> int:
+    return _core.resident_page_count(as_view(array, "array"), "array")
+
+
+def page_count(array) -> int:
+    return _host_memory.page_range(as_view(array, "array").data_ptr, array.nbytes)[1] // mmap.PAGESIZE
+
+
 def test_allocate_device_slots_prefaults_pages(backend):
-    before = resident_bytes()
-    slot = backend.allocate_device_slots(count=1, shape=(64 << 20,), dtype="uint8")[0]
-    grown = resident_bytes() - before
-    assert grown >= (60 << 20), f"64 MiB slot added only {grown >> 20} MiB resident: not pre-faulted"
-    assert isinstance(slot, np.ndarray) and not slot.any()
+    slots = backend.allocate_device_slots(count=2, shape=(16 << 20,), dtype="uint8")
+    for slot in slots:
+        assert isinstance(slot, np.ndarray) and not slot.any()
+        assert resident_pages(slot) == page_count(slot), "device slot not pre-faulted"
 
 
-def test_register_host_slots_prefaults_fresh_memory(backend):
-    slot = np.zeros(64 << 20, np.uint8)  # calloc'ed: no page resident yet
-    before = resident_bytes()
-    backend.register_host_slots([slot])
-    assert resident_bytes() - before >= (60 << 20)
+def test_register_host_slots_prefaults_and_keeps_content(backend):
+    fresh = np.zeros(16 << 20, np.uint8)  # calloc'ed: pages appear on first touch
+    assert resident_pages(fresh) < page_count(fresh) // 2
+    filled = np.random.default_rng(1).integers(0, 255, size=1 << 20, dtype=np.uint8)
+    expected = filled.copy()
+    readonly = np.ones(1 << 16, np.uint8)
+    readonly.flags.writeable = False
+    backend.register_host_slots([fresh, filled])
+    assert resident_pages(fresh) == page_count(fresh)
+    np.testing.assert_array_equal(filled, expected)
+    assert not fresh.any()
+    backend.register_host_slots([readonly])  # read-only slots are populated for reading
+    assert resident_pages(readonly) == page_count(readonly)
 
 
 def test_shared_slots_are_page_locked_until_close():

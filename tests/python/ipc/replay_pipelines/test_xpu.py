@@ -27,7 +27,8 @@ def test_class_attributes_match_the_reference():
         "supports_timing_events": False,
     }
     for name, value in expected.items():
-        assert getattr(XpuReplayTransferBackend, name) == value and type(getattr(XpuReplayTransferBackend, name)) is type(value), name
+        actual = getattr(XpuReplayTransferBackend, name)
+        assert actual == value and type(actual) is type(value), name
 
 
 def test_constructor_is_keyword_only_device_and_ring_depth():

@@ -12,7 +12,7 @@ import math
 import numbers
 import threading
 import time
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
@@ -62,18 +62,26 @@ def poll_until_done(query, timeout: float, what: str) -> None:
 
 
 def resolve_h2d_nbytes(
-    *, dst_dtype: str, dst_nbytes: int, dst_text: str, src_dtype: str, src_nbytes: int, src_text: str, h2d_bytes: Any
+    *,
+    dst_dtype: str,
+    dst_nbytes: int,
+    describe_dst: Callable[[], str],
+    src_dtype: str,
+    src_nbytes: int,
+    describe_src: Callable[[], str],
+    h2d_bytes: Any,
 ) -> int:
     """The number of bytes to copy.  ``dst`` and ``src`` must share a dtype; with
     ``h2d_bytes=None`` their sizes must match and everything is copied, else
-    ``h2d_bytes`` (an int >= 0) must fit in both and that prefix is copied."""
+    ``h2d_bytes`` (an int >= 0) must fit in both and that prefix is copied.
+    ``describe_*`` are only called to word an error."""
     if dst_dtype != src_dtype:
-        raise TypeError(f"dst and src must have the same dtype, got dst {dst_text} and src {src_text}")
+        raise TypeError(f"dst and src must have the same dtype, got dst {describe_dst()} and src {describe_src()}")
     if h2d_bytes is None:
         if dst_nbytes != src_nbytes:
             raise ValueError(
                 f"dst and src must have the same size in bytes (or pass h2d_bytes), got dst {dst_nbytes} bytes "
-                f"({dst_text}) and src {src_nbytes} bytes ({src_text})"
+                f"({describe_dst()}) and src {src_nbytes} bytes ({describe_src()})"
             )
         return dst_nbytes
     nbytes = require_int(h2d_bytes, "h2d_bytes", minimum=0)

@@ -15,7 +15,9 @@ def import_torch(purpose: str):
     try:
         import torch
     except ImportError as error:
-        raise UnsupportedError(f"{purpose} needs torch, which is not installed (pip install tensorxfer[torch])") from error
+        raise UnsupportedError(
+            f"{purpose} needs torch, which is not installed (pip install tensorxfer[torch])"
+        ) from error
     return torch
 
 
@@ -175,8 +177,9 @@ def prepare_torch_copy(torch, *, dst: Any, src: Any, h2d_bytes: Any, device):
     dst_dtype, dst_nbytes = torch_dtype_text(dst_tensor)
     src_dtype, src_nbytes = torch_dtype_text(src_tensor)
     nbytes = resolve_h2d_nbytes(
-        dst_dtype=dst_dtype, dst_nbytes=dst_nbytes, dst_text=describe_tensor(dst_tensor),
-        src_dtype=src_dtype, src_nbytes=src_nbytes, src_text=describe_tensor(src_tensor), h2d_bytes=h2d_bytes,
+        dst_dtype=dst_dtype, dst_nbytes=dst_nbytes, describe_dst=lambda: describe_tensor(dst_tensor),
+        src_dtype=src_dtype, src_nbytes=src_nbytes, describe_src=lambda: describe_tensor(src_tensor),
+        h2d_bytes=h2d_bytes,
     )
     if nbytes == dst_nbytes == src_nbytes and dst_tensor.shape == src_tensor.shape:
         return dst_tensor, src_tensor, nbytes
@@ -185,7 +188,7 @@ def prepare_torch_copy(torch, *, dst: Any, src: Any, h2d_bytes: Any, device):
 
 def host_slot_tensors(torch, slots, *, prefault: bool):
     """The host slots as contiguous CPU torch tensors (errors name ``slots[i]``);
-    ``prefault`` maps their pages in (read faults, content untouched)."""
+    ``prefault`` maps their pages in (content untouched)."""
     from tensorxfer.ipc.replay_pipelines.transfer import _host_memory
 
     cpu = torch.device("cpu")
@@ -195,8 +198,11 @@ def host_slot_tensors(torch, slots, *, prefault: bool):
         require_contiguous_on(tensor, f"slots[{index}]", cpu)
         tensors.append(tensor)
     if prefault:
-        for tensor in tensors:
-            _host_memory.prefault(tensor.data_ptr(), tensor.numel() * tensor.element_size(), writable=False)
+        from tensorxfer._tensor import as_view
+
+        for index, tensor in enumerate(tensors):
+            argument = f"slots[{index}]"
+            _host_memory.prefault(as_view(tensor, argument, host=True), argument)
     return tensors
 
 

@@ -78,7 +78,9 @@ class HostReplayTransferBackend(TransferBackendBase):
         super().__init__(ring_depth=ring_depth)
         _require_host_device(device)
         if copy_engine is not None and not isinstance(copy_engine, _core.CopyEngine):
-            raise TypeError(f"copy_engine must be a tensorxfer._core.CopyEngine or None, got {type(copy_engine).__name__}")
+            raise TypeError(
+                f"copy_engine must be a tensorxfer._core.CopyEngine or None, got {type(copy_engine).__name__}"
+            )
         self._device: Any = None
         self.host_pinned = False
         self.direct_pinned_shared = False
@@ -102,8 +104,8 @@ class HostReplayTransferBackend(TransferBackendBase):
     # -- host and device slots -------------------------------------------------
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Tuple[Any, bool]]:
         views = [as_view(slot, f"slots[{index}]", host=True) for index, slot in enumerate(slots)]
-        for view in views:
-            _host_memory.prefault(view.data_ptr, view.nbytes, writable=not view.readonly)
+        for index, view in enumerate(views):
+            _host_memory.prefault(view, f"slots[{index}]")
         registration: List[Tuple[Any, bool]] = []
         self.pin_error = None
         for index, view in enumerate(views):
@@ -135,8 +137,7 @@ class HostReplayTransferBackend(TransferBackendBase):
             element = numpy_dtype(dtype)
             slots = [numpy.zeros(shape, dtype=element) for _ in range(count)]
         for slot in slots:
-            view = as_view(slot, "slot")
-            _host_memory.prefault(view.data_ptr, view.nbytes, writable=True)
+            _host_memory.prefault(as_view(slot, "slot"), "device slot")
         return slots
 
     # -- transfer --------------------------------------------------------------
@@ -144,8 +145,8 @@ class HostReplayTransferBackend(TransferBackendBase):
         dst_view = as_view(dst, "dst", host=True, writable=True)
         src_view = as_view(src, "src", host=True)
         nbytes = resolve_h2d_nbytes(
-            dst_dtype=dst_view.dtype, dst_nbytes=dst_view.nbytes, dst_text=dst_view.describe(),
-            src_dtype=src_view.dtype, src_nbytes=src_view.nbytes, src_text=src_view.describe(),
+            dst_dtype=dst_view.dtype, dst_nbytes=dst_view.nbytes, describe_dst=dst_view.describe,
+            src_dtype=src_view.dtype, src_nbytes=src_view.nbytes, describe_src=src_view.describe,
             h2d_bytes=h2d_bytes,
         )
         if nbytes:
