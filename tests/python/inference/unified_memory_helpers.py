@@ -1,0 +1,46 @@
+"""Helpers shared by the unified-memory tests."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from tensorxfer import _core
+from tensorxfer._tensor import as_view
+
+PAGE = _core.page_size()
+
+
+def resident_pages(tensor: Any) -> int:
+    """Pages of ``tensor`` resident in RAM now (mincore)."""
+    return _core.resident_page_count(as_view(tensor, "tensor"), "tensor")
+
+
+def page_count(tensor: Any) -> int:
+    """Whole pages ``tensor`` covers."""
+    view = as_view(tensor, "tensor")
+    if view.nbytes == 0:
+        return 0
+    first = view.data_ptr // PAGE
+    last = (view.data_ptr + view.nbytes - 1) // PAGE
+    return last - first + 1
+
+
+def numa_policy(tensor: Any) -> dict:
+    """The memory policy of the first page of ``tensor`` (get_mempolicy)."""
+    return _core.numa_policy_of(as_view(tensor, "tensor"), "tensor")
+
+
+def gpu_status() -> Tuple[bool, str]:
+    """(a CUDA device is usable by the core, the reason when it is not)."""
+    status = _core.cuda_status()
+    return status["device_count"] > 0, status["reason"]
+
+
+def mapping_containing(address: int) -> Optional[str]:
+    """The /proc/self/maps line of the mapping containing ``address``, or None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            begin, end = (int(part, 16) for part in line.split()[0].split("-"))
+            if begin <= address < end:
+                return line.strip()
+    return None
