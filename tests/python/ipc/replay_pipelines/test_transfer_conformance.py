@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -322,6 +323,18 @@ def test_registered_host_slots_still_copy_correctly(backend):
     for slot in range(2):
         backend.synchronize_ready(slot)
         np.testing.assert_array_equal(to_numpy(device_slots[slot]), slots[slot])
+
+
+def test_registration_keeps_slots_alive_only_where_pinning_needs_it(backend, case):
+    slot = np.ones(1 << 16, np.uint8)
+    alive = weakref.ref(slot)
+    backend.register_host_slots([slot])
+    del slot
+    gc.collect()
+    if case.name == "cuda_like" and backend.host_pinned:
+        assert alive() is not None, "cudaHostRegister'ed memory must stay alive until unregistered"
+    else:
+        assert alive() is None, "register_host_slots must not keep the caller's slots alive"
 
 
 def test_allocate_device_slots_family_follows_dtype(backend, case):

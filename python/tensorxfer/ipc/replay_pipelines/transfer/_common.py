@@ -133,7 +133,8 @@ class TransferBackendBase:
     """The public methods of ``ReplayTransferBackend``, on top of these hooks:
 
     * ``_register_host_slots_impl(slots) -> list`` pins/pre-faults validated
-      slots and returns what ``_release_host_slots_impl`` needs to undo it.
+      slots and returns what ``_release_host_slots_impl`` needs to undo it
+      (called on re-registration and close, also with an empty list).
     * ``_allocate_impl(count, shape, dtype) -> list`` builds device slots.
     * ``_enqueue_h2d(slot, dst, src, h2d_bytes, timing) -> SubmittedCopy``
       validates the tensors, issues the copy and records the slot's ready event.
@@ -229,8 +230,7 @@ class TransferBackendBase:
 
     def _release_host_slots(self) -> None:
         registration, self._host_registration = self._host_registration, []
-        if registration:
-            self._release_host_slots_impl(registration)
+        self._release_host_slots_impl(registration)
 
     def allocate_device_slots(self, *, count: int, shape: Sequence[int], dtype: Any) -> List[Any]:
         """``count`` zero-filled contiguous slots of ``shape``/``dtype`` on the

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
+from tensorxfer.ipc.replay_pipelines.transfer._common import poll_until_done
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import host_slot_tensors
-from tensorxfer.ipc.replay_pipelines.transfer._torch_stream import TorchStreamBackendBase
+from tensorxfer.ipc.replay_pipelines.transfer._torch_stream import CLOSE_TIMEOUT_S, TorchStreamBackendBase
 
 _CUDA_HOST_REGISTER_DEFAULT = 0
 
@@ -23,7 +24,9 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
 
     ``host_pinned`` / ``direct_pinned_shared`` turn True once
     ``register_host_slots`` has page-locked every slot in place (``pin_error``
-    says why it did not).  ``wait_current_stream_for_ready`` makes
+    says why it did not); the backend then keeps the slots alive until they are
+    unregistered (re-registration or ``close``), since freeing registered memory
+    is undefined in CUDA.  ``wait_current_stream_for_ready`` makes
     ``torch.cuda.current_stream()`` wait for the slot's event without blocking
     the CPU.  With ``trace_cuda_events=True`` each submit hands a pair of timing
     events to ``trace_recorder.add_cuda_pending_span``.
@@ -56,19 +59,25 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
                     continue
                 status = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, _CUDA_HOST_REGISTER_DEFAULT)
                 if int(status) != 0:
-                    self.pin_error = f"cudaHostRegister(slots[{index}], {nbytes} bytes) failed with error {int(status)}"
+                    self.pin_error = (
+                        f"cudaHostRegister(slots[{index}], {nbytes} bytes) failed with error {int(status)}"
+                    )
                     self._release_host_slots_impl(registered)
-                    return [(0, tensor) for tensor in tensors]
+                    return []
                 registered.append((tensor.data_ptr(), tensor))
         self.host_pinned = self.direct_pinned_shared = True
         return registered
 
     def _release_host_slots_impl(self, registration: List[Tuple[int, Any]]) -> None:
-        cudart = self._torch.cuda.cudart()
-        for pointer, _tensor in registration:
-            if pointer:
-                cudart.cudaHostUnregister(pointer)
         self.host_pinned = self.direct_pinned_shared = False
+        pointers = [pointer for pointer, _tensor in registration if pointer]
+        if pointers:
+            stream = getattr(self, "_copy_stream", None)
+            if stream is not None:  # no DMA may still read memory being unpinned
+                poll_until_done(stream.query, CLOSE_TIMEOUT_S, "the copy stream before cudaHostUnregister")
+            cudart = self._torch.cuda.cudart()
+            for pointer in pointers:
+                cudart.cudaHostUnregister(pointer)
 
 
 __all__ = ["CudaLikeReplayTransferBackend"]

@@ -102,29 +102,32 @@ class HostReplayTransferBackend(TransferBackendBase):
         return self._device
 
     # -- host and device slots -------------------------------------------------
-    def _register_host_slots_impl(self, slots: List[Any]) -> List[Tuple[Any, bool]]:
+    def _register_host_slots_impl(self, slots: List[Any]) -> List[Tuple[int, int]]:
+        # Only the locked address ranges are kept: registering must not keep a ring's
+        # slot memory alive (the ring may be closed first; munmap drops the locks then).
         views = [as_view(slot, f"slots[{index}]", host=True) for index, slot in enumerate(slots)]
         for index, view in enumerate(views):
             _host_memory.prefault(view, f"slots[{index}]")
-        registration: List[Tuple[Any, bool]] = []
+        locked: List[Tuple[int, int]] = []
         self.pin_error = None
         for index, view in enumerate(views):
-            error = _host_memory.lock(view.data_ptr, view.nbytes) if view.nbytes else 0
+            if view.nbytes == 0:
+                continue
+            error = _host_memory.lock(view.data_ptr, view.nbytes)
             if error:
                 self.pin_error = (
                     f"mlock(slots[{index}], {view.nbytes} bytes) failed: {_host_memory.errno_name(error)}; "
                     "raise RLIMIT_MEMLOCK (ulimit -l) to page-lock the slots"
                 )
-                self._release_host_slots_impl(registration)
-                return [(view, False) for view in views]
-            registration.append((view, view.nbytes > 0))
+                self._release_host_slots_impl(locked)
+                return []
+            locked.append((view.data_ptr, view.nbytes))
         self.host_pinned = self.direct_pinned_shared = True
-        return registration
+        return locked
 
-    def _release_host_slots_impl(self, registration: List[Tuple[Any, bool]]) -> None:
-        for view, locked in registration:
-            if locked:
-                _host_memory.unlock(view.data_ptr, view.nbytes)
+    def _release_host_slots_impl(self, registration: List[Tuple[int, int]]) -> None:
+        for address, nbytes in registration:
+            _host_memory.unlock(address, nbytes)
         self.host_pinned = self.direct_pinned_shared = False
 
     def _allocate_impl(self, count: int, shape: Tuple[int, ...], dtype: Any) -> List[Any]:

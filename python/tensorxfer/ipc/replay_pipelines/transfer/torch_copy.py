@@ -62,7 +62,8 @@ class TorchCopyReplayTransferBackend(TransferBackendBase):
         self.supports_async_submit = self._events is not None
 
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Any]:
-        return host_slot_tensors(self._torch, slots, prefault=True)
+        host_slot_tensors(self._torch, slots, prefault=True)
+        return []  # pageable: nothing to undo, and the slots are not kept alive
 
     def _allocate_impl(self, count: int, shape: Tuple[int, ...], dtype: Any) -> List[Any]:
         return torch_allocate(self._torch, count, shape, dtype, self.device)

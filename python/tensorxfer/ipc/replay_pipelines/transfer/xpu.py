@@ -34,7 +34,8 @@ class XpuReplayTransferBackend(TorchStreamBackendBase):
     supports_timing_events = False
 
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Any]:
-        return host_slot_tensors(self._torch, slots, prefault=True)
+        host_slot_tensors(self._torch, slots, prefault=True)
+        return []  # pageable: nothing to undo, and the slots are not kept alive
 
 
 __all__ = ["XpuReplayTransferBackend"]
