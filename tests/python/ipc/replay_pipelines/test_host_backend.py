@@ -75,7 +75,7 @@ def test_submit_returns_before_a_large_copy_finishes(backend):
     seen_pending = False
     for attempt in range(3):  # a descheduled test thread could miss the window once; never three times
         src[0] = attempt
-        seconds = backend.submit_h2d(slot=0, dst=dst, src=src)
+        backend.submit_h2d(slot=0, dst=dst, src=src)
         pending = not backend.ready_query(0)
         backend.synchronize_ready(0)
         assert backend.ready_query(0)
@@ -84,7 +84,6 @@ def test_submit_returns_before_a_large_copy_finishes(backend):
             seen_pending = True
             break
     assert seen_pending, "ready_query was True right after every 128 MiB submit: the copy is not asynchronous"
-    assert seconds < 0.05, f"submitting took {seconds:.3f} s: the copy ran on the caller"
 
 
 def test_synchronize_ready_times_out_with_the_slot_named(backend):

@@ -199,7 +199,8 @@ class TransferBackendBase:
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else "open"
-        return f"{type(self).__name__}(device={self.device!s}, ring_depth={self._ring_depth}, {state})"
+        device = getattr(self, "device", None)
+        return f"{type(self).__name__}(device={device!s}, ring_depth={getattr(self, '_ring_depth', None)}, {state})"
 
     def _check_open(self) -> None:
         if self._closed:
