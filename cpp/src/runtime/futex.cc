@@ -50,7 +50,7 @@ int futex_wake_all(SharedWord32& word) noexcept { return futex_wake(word, INT_MA
 
 SpinPolicy::SpinPolicy(bool adaptive, std::chrono::nanoseconds fixed) noexcept
     : adaptive_(adaptive),
-      fixed_(fixed),
+      fixed_ns_(fixed.count()),
       average_wait_ns_(std::chrono::nanoseconds(kAdaptiveInitial).count() / 2) {}
 
 SpinPolicy SpinPolicy::fixed(std::chrono::microseconds budget) {
@@ -63,24 +63,25 @@ SpinPolicy SpinPolicy::fixed(std::chrono::microseconds budget) {
 SpinPolicy SpinPolicy::adaptive() { return SpinPolicy(true, std::chrono::nanoseconds::zero()); }
 
 SpinPolicy::SpinPolicy(const SpinPolicy& other) noexcept
-    : adaptive_(other.adaptive_),
-      fixed_(other.fixed_),
+    : adaptive_(other.adaptive_.load(std::memory_order_relaxed)),
+      fixed_ns_(other.fixed_ns_.load(std::memory_order_relaxed)),
       average_wait_ns_(other.average_wait_ns_.load(std::memory_order_relaxed)) {}
 
 SpinPolicy& SpinPolicy::operator=(const SpinPolicy& other) noexcept {
-  adaptive_ = other.adaptive_;
-  fixed_ = other.fixed_;
+  adaptive_.store(other.adaptive_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  fixed_ns_.store(other.fixed_ns_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   average_wait_ns_.store(other.average_wait_ns_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   return *this;
 }
 
 std::optional<std::chrono::microseconds> SpinPolicy::fixed_budget() const noexcept {
-  if (adaptive_) return std::nullopt;
-  return std::chrono::duration_cast<std::chrono::microseconds>(fixed_);
+  if (is_adaptive()) return std::nullopt;
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::nanoseconds(fixed_ns_.load(std::memory_order_relaxed)));
 }
 
 std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
-  if (!adaptive_) return fixed_;
+  if (!is_adaptive()) return std::chrono::nanoseconds(fixed_ns_.load(std::memory_order_relaxed));
   const int64_t average = average_wait_ns_.load(std::memory_order_relaxed);
   const int64_t cap = std::chrono::nanoseconds(kAdaptiveMax).count();
   if (average > cap) return kAdaptiveFloor;
@@ -89,7 +90,7 @@ std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
 }
 
 void SpinPolicy::record_wait(std::chrono::nanoseconds waited) noexcept {
-  if (!adaptive_) return;
+  if (!is_adaptive()) return;
   // Clip outliers (a 1 s wait) so one of them does not disable spinning for long.
   const int64_t cap = 4 * std::chrono::nanoseconds(kAdaptiveMax).count();
   const int64_t sample = std::min<int64_t>(waited.count(), cap);

@@ -51,7 +51,7 @@ inline void cpu_relax() noexcept {
 //    recorded waits), capped at kAdaptiveMax; when waits are typically longer
 //    than the cap, spinning would only burn CPU, so the budget drops to
 //    kAdaptiveFloor. Starts at kAdaptiveInitial.
-// Thread-safe: record_wait and budget may race; the average then loses an update.
+// Thread-safe: assignment, record_wait and budget may race; the average then loses an update.
 class SpinPolicy {
  public:
   static constexpr std::chrono::microseconds kAdaptiveInitial{50};
@@ -66,7 +66,7 @@ class SpinPolicy {
   SpinPolicy(const SpinPolicy& other) noexcept;
   SpinPolicy& operator=(const SpinPolicy& other) noexcept;
 
-  bool is_adaptive() const noexcept { return adaptive_; }
+  bool is_adaptive() const noexcept { return adaptive_.load(std::memory_order_relaxed); }
   // The fixed budget, or nullopt when adaptive.
   std::optional<std::chrono::microseconds> fixed_budget() const noexcept;
   // The budget the next wait spins for.
@@ -77,10 +77,11 @@ class SpinPolicy {
  private:
   SpinPolicy(bool adaptive, std::chrono::nanoseconds fixed) noexcept;
 
-  bool adaptive_;
-  std::chrono::nanoseconds fixed_;
-  // Running average of recent waits in ns; relaxed: a statistic, not a synchronizer.
-  std::atomic<int64_t> average_wait_ns_;
+  // All relaxed: settings and a statistic that may change while another thread
+  // waits; no other memory is published through them.
+  std::atomic<bool> adaptive_;
+  std::atomic<int64_t> fixed_ns_;
+  std::atomic<int64_t> average_wait_ns_;  // running average of recent waits
 };
 
 // Lives in shared memory. Notifiers change the waited-for state first, then

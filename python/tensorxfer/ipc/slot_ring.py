@@ -1,0 +1,313 @@
+"""SlotRing: a ring of fixed-size shared-memory slots between processes.
+
+Several producers, one consumer (the process that created the ring)::
+
+    ring = SlotRing.create(depth=4, slot_nbytes=N)      # consumer
+    peer = SlotRing.attach(ring.handle)                  # in a producer process
+    slot = peer.acquire_free(timeout=1.0)
+    peer.slot_array(slot)[:] = ...                       # zero-copy numpy uint8 view
+    peer.publish(slot, tick_id=7)
+    slot, tick_id = ring.acquire_ready(timeout=1.0)      # slots come out in publish order
+    ring.release(slot)
+    ring.close()
+
+Waits spin for a short budget and then sleep on a futex; they release the GIL.
+A wait raises ``TimeoutError`` when its timeout passes and
+``tensorxfer.PeerLost`` when the other side has died (checked at least every
+20 ms), so a killed peer never hangs a process.  Slots held for writing by a
+dead producer are reclaimed.  The shared-memory name is removed when the
+consumer closes the ring or exits, or when a survivor notices the consumer died.
+
+Slot views (``slot_array`` / ``slot_tensor`` / ``slot_arrays``) keep the
+mapping alive, so they never dangle; but after ``close()`` they are detached
+from the ring: writes to them reach no one.  Drop them before closing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple, Union
+
+import numpy as np
+
+from tensorxfer import _core
+
+__all__ = ["SlotRing", "SlotRingHandle"]
+
+
+@dataclass(frozen=True)
+class SlotRingHandle:
+    """What another process needs to attach to a ring: small and picklable.
+
+    Works with every multiprocessing start method (spawn, fork, forkserver).
+    """
+
+    name: str
+    depth: int
+    slot_nbytes: int
+
+
+def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value >= high):
+        bounds = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {bounds}, got {value}")
+    return value
+
+
+def _check_timeout(timeout: Optional[float], name: str = "timeout") -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{name} must be None or a number of seconds, got {type(timeout).__name__}")
+    timeout = float(timeout)
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"{name} must be None or a number of seconds >= 0, got {timeout}")
+    return timeout
+
+
+def _check_spin(spin_us: Optional[float]) -> Optional[float]:
+    if spin_us is None:
+        return None
+    if isinstance(spin_us, bool) or not isinstance(spin_us, numbers.Real):
+        raise TypeError(f"spin_us must be None (adaptive) or microseconds, got {type(spin_us).__name__}")
+    spin_us = float(spin_us)
+    if math.isnan(spin_us) or spin_us < 0 or spin_us > 1_000_000:
+        raise ValueError(f"spin_us must be None (adaptive) or in [0, 1000000] microseconds, got {spin_us}")
+    return spin_us
+
+
+class SlotRing:
+    """A ring of ``depth`` shared slots of ``slot_nbytes`` bytes each.
+
+    Build it with :meth:`create` (the consumer) or :meth:`attach` (a producer);
+    the constructor is not public.  Usable as a context manager (closes on exit).
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._closed = False
+        self._last_publish_ns = 0
+
+    # ---- construction ---------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        depth: int,
+        slot_nbytes: int,
+        *,
+        spin_us: Optional[float] = None,
+        max_producers: int = 64,
+    ) -> "SlotRing":
+        """Create a ring in a new shared-memory segment; this process is its consumer.
+
+        ``depth``: number of slots, 1..1024.  ``slot_nbytes``: bytes per slot
+        (each slot starts on a 4096-byte boundary).  ``spin_us``: how long waits
+        spin before sleeping, in microseconds: ``None`` adapts to recent waits
+        (at most 200 us), ``0`` never spins.  ``max_producers``: how many
+        producers may attach over the ring's life (1..255).
+        """
+        depth = _check_int(depth, "depth", 1, 1025)
+        slot_nbytes = _check_int(slot_nbytes, "slot_nbytes", 1)
+        max_producers = _check_int(max_producers, "max_producers", 1, 256)
+        return cls(_core.SlotRing.create(depth, slot_nbytes, _check_spin(spin_us), max_producers))
+
+    @classmethod
+    def attach(cls, handle: Union[SlotRingHandle, str], *, spin_us: Optional[float] = None) -> "SlotRing":
+        """Attach to an existing ring as a producer, from ``ring.handle`` (or its name).
+
+        Raises ``tensorxfer.CorruptSegmentError`` if the segment fails validation
+        or does not match the handle, ``tensorxfer.PeerLost`` if the consumer has
+        exited or closed the ring, ``FileNotFoundError`` if it no longer exists.
+        """
+        if isinstance(handle, SlotRingHandle):
+            name = handle.name
+        elif isinstance(handle, str):
+            name = handle
+        else:
+            raise TypeError(f"handle must be a SlotRingHandle or a ring name, got {type(handle).__name__}")
+        ring = cls(_core.SlotRing.attach(name, _check_spin(spin_us)))
+        if isinstance(handle, SlotRingHandle) and (handle.depth, handle.slot_nbytes) != (ring.depth, ring.slot_nbytes):
+            got = (ring.depth, ring.slot_nbytes)
+            ring.close()
+            from tensorxfer.errors import CorruptSegmentError
+
+            raise CorruptSegmentError(
+                f"ring {name}: segment has (depth, slot_nbytes) = {got}, "
+                f"expected {(handle.depth, handle.slot_nbytes)} from the handle"
+            )
+        return ring
+
+    # ---- properties -----------------------------------------------------------
+
+    def _live(self) -> Any:
+        if self._closed:
+            raise ValueError("ring is closed")
+        return self._core
+
+    @property
+    def handle(self) -> SlotRingHandle:
+        """A small picklable handle for :meth:`attach` in another process."""
+        core = self._live()
+        return SlotRingHandle(core.name, core.depth, core.slot_nbytes)
+
+    @property
+    def name(self) -> str:
+        """The shared-memory name (``/tensorxfer-<pid>-<random>``)."""
+        return self._core.name
+
+    @property
+    def depth(self) -> int:
+        """Number of slots."""
+        return self._core.depth
+
+    @property
+    def slot_nbytes(self) -> int:
+        """Bytes per slot."""
+        return self._core.slot_nbytes
+
+    @property
+    def is_consumer(self) -> bool:
+        """True for the ring's creator (the one process that may acquire_ready / release)."""
+        return self._core.is_consumer
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    @property
+    def spin_us(self) -> Optional[float]:
+        """The spin budget in microseconds before a wait sleeps; ``None`` means adaptive."""
+        return self._core.spin_us
+
+    @spin_us.setter
+    def spin_us(self, value: Optional[float]) -> None:
+        self._live().spin_us = _check_spin(value)
+
+    @property
+    def current_spin_us(self) -> float:
+        """The budget the next wait will spin for (follows recent waits when adaptive)."""
+        return self._core.current_spin_us
+
+    @property
+    def live_producers(self) -> int:
+        """Producers attached and alive now (a diagnostic: reads /proc for each)."""
+        return self._live().live_producers
+
+    @property
+    def skipped_sequences(self) -> int:
+        """Publish sequences skipped because their producer died before publishing."""
+        return self._core.skipped_sequences
+
+    @property
+    def last_publish_ns(self) -> int:
+        """``time.monotonic_ns()`` at which the slot last returned by :meth:`acquire_ready` was published."""
+        return self._last_publish_ns
+
+    # ---- producer -------------------------------------------------------------
+
+    def acquire_free(self, timeout: Optional[float] = None) -> int:
+        """Take a free slot for writing and return its index.
+
+        ``timeout`` in seconds (``None``: no limit, but a dead or closed consumer
+        still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLost``.
+        """
+        return self._live().acquire_free(_check_timeout(timeout))
+
+    def try_acquire_free(self) -> Optional[int]:
+        """A free slot's index, or ``None`` at once if none is free."""
+        return self._live().try_acquire_free()
+
+    def publish(self, slot: int, tick_id: int) -> None:
+        """Hand a slot from :meth:`acquire_free` to the consumer, labelled ``tick_id`` (0..2**64-1).
+
+        Raises ``ValueError`` if the slot is out of range or not held by this
+        handle for writing (e.g. published twice).
+        """
+        core = self._live()
+        slot = _check_int(slot, "slot", 0, core.depth)
+        tick_id = _check_int(tick_id, "tick_id", 0, 2**64)
+        core.publish(slot, tick_id)
+
+    # ---- consumer -------------------------------------------------------------
+
+    def acquire_ready(self, timeout: Optional[float] = None) -> Tuple[int, int]:
+        """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLost``
+        when every producer that attached has exited or detached and nothing is ready.
+        """
+        slot, tick_id, publish_ns = self._live().acquire_ready(_check_timeout(timeout))
+        self._last_publish_ns = publish_ns
+        return slot, tick_id
+
+    def try_acquire_ready(self) -> Optional[Tuple[int, int]]:
+        """Like :meth:`acquire_ready` without waiting: ``(slot, tick_id)`` or ``None``."""
+        ready = self._live().try_acquire_ready()
+        if ready is None:
+            return None
+        self._last_publish_ns = ready[2]
+        return ready[0], ready[1]
+
+    def release(self, slot: int) -> None:
+        """Give a slot from :meth:`acquire_ready` back to the producers. Consumer only.
+
+        Raises ``ValueError`` if out of range or not held by the consumer.
+        """
+        core = self._live()
+        core.release(_check_int(slot, "slot", 0, core.depth))
+
+    # ---- views ----------------------------------------------------------------
+
+    def slot_array(self, slot: int) -> np.ndarray:
+        """Zero-copy ``numpy.uint8`` view of one slot (``slot_nbytes`` long, 4096-aligned)."""
+        core = self._live()
+        return core.slot_array(_check_int(slot, "slot", 0, core.depth))
+
+    def slot_arrays(self) -> List[np.ndarray]:
+        """Zero-copy views of every slot, by index."""
+        core = self._live()
+        return [core.slot_array(slot) for slot in range(core.depth)]
+
+    def slot_tensor(self, slot: int) -> Any:
+        """Zero-copy ``torch.uint8`` CPU tensor of one slot (needs torch)."""
+        import torch
+
+        return torch.from_numpy(self.slot_array(slot))
+
+    # ---- lifetime -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach. A producer returns the slots it holds for writing; the consumer
+        closes the ring (waiting producers get ``PeerLost``) and removes its name.
+        Idempotent.  Afterwards every method raises ``ValueError("ring is closed")``.
+        """
+        if not self._closed:
+            self._closed = True
+            self._core.close()
+
+    def __enter__(self) -> "SlotRing":
+        self._live()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def __reduce__(self) -> Any:
+        raise TypeError("SlotRing objects cannot be pickled; pass ring.handle and call SlotRing.attach(handle)")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("consumer" if self.is_consumer else "producer")
+        return f"SlotRing(name={self.name!r}, depth={self.depth}, slot_nbytes={self.slot_nbytes}, {state})"
