@@ -107,10 +107,20 @@ void SlotRing::watch_as_consumer() {
   resolve_gaps_locked();
   // acquire: as in take_next_locked.
   if (control().publish_counter.load(std::memory_order_acquire) > next_sequence_) return;  // something coming
+  // Producers that closed cleanly are not lost: another may still attach, so
+  // only when every producer is gone and at least one died is the wait hopeless.
   const uint32_t claimed = producers_claimed();
-  if (claimed == 0) return;  // no producer yet: wait for one (until the timeout)
-  TENSORXFER_CHECK(PeerLost, live_producers() > 0, "SlotRing '", name(), "': all ", claimed,
-                   " producers that attached have exited or detached, and no slot is ready");
+  uint32_t live = 0;
+  uint32_t dead = 0;
+  for (uint32_t index = 0; index < claimed; ++index) {
+    const ProducerEntry& entry = producer_entry(index);
+    const uint32_t state = entry.state.load(std::memory_order_acquire);  // acquire: identity is readable
+    if (state == kProducerAttaching || (state == kProducerActive && runtime::is_alive(entry.identity))) ++live;
+    if (state == kProducerDead || (state == kProducerActive && !runtime::is_alive(entry.identity))) ++dead;
+  }
+  TENSORXFER_CHECK(PeerLost, live > 0 || dead == 0, "SlotRing '", name(), "': all ", claimed,
+                   " producers that attached have exited or closed (", dead,
+                   " died without closing), and no slot is ready");
 }
 
 void SlotRing::watch_as_producer() {

@@ -241,7 +241,9 @@ class SlotRing:
         """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
 
         Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLost``
-        when every producer that attached has exited or detached and nothing is ready.
+        when every producer that attached is gone, at least one of them died
+        without closing, and nothing is ready.  (If all producers closed
+        cleanly, another may attach: the wait goes on until the timeout.)
         """
         slot, tick_id, publish_ns = self._live().acquire_ready(_check_timeout(timeout))
         self._last_publish_ns = publish_ns

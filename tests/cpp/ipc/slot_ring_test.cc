@@ -257,8 +257,8 @@ TEST(SlotRingTest, ForkedProducersDeliverEverything) {
     consumer->release(ready.slot);
   }
   for (const pid_t child : children) EXPECT_EQ(wait_exit_code(child), 0);
-  // Every producer detached cleanly and nothing is ready: the consumer learns it.
-  EXPECT_THROW(consumer->acquire_ready(2s), PeerLost);
+  // Every producer closed cleanly: nobody died, so another may attach; the consumer waits.
+  EXPECT_THROW(consumer->acquire_ready(50ms), Timeout);
 }
 
 TEST(SlotRingTest, ForkedChildCannotUseTheParentsObject) {

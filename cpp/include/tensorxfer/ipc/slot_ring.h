@@ -11,8 +11,10 @@
 // slices check their peers. A producer waiting on a dead (or closed) consumer
 // gets PeerLost. A consumer reclaims slots held in WRITING by dead producers,
 // skips publish sequences a dead producer took but never filled, and gets
-// PeerLost when every producer that attached has exited or detached and
-// nothing is ready.
+// PeerLost when every producer that attached is gone, at least one of them
+// died without closing, and nothing is ready. (Producers that all closed
+// cleanly are not "lost": another may attach, so the consumer waits until its
+// timeout.)
 //
 // Validation: layout values come from the validated copy taken at attach; slot
 // indices and state words read from shared memory are checked before use, so
@@ -76,7 +78,7 @@ class SlotRing {
   void publish(uint32_t slot, uint64_t tick_id);
 
   // Consumer only: the next slot in publish order. Throws Timeout after `timeout`,
-  // PeerLost when all producers are gone and nothing is ready.
+  // PeerLost when all producers are gone (one or more died) and nothing is ready.
   ReadySlot acquire_ready(std::chrono::nanoseconds timeout);
   // Consumer only: like acquire_ready without waiting; nullopt if nothing is ready.
   [[nodiscard]] std::optional<ReadySlot> try_acquire_ready();
