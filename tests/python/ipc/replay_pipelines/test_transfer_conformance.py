@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 import pytest
-from replay_backend_helpers import RecordingTraceRecorder, to_numpy
+from replay_backend_helpers import RecordingTraceRecorder, backend, case, to_numpy  # noqa: F401 (fixtures)
 
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 from tensorxfer.ipc.replay_pipelines.transfer import ReplayTransferBackend, TraceRecorder
