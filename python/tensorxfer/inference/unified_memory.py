@@ -22,19 +22,23 @@ Empty tensors are a no-op; tensors of the wrong kind raise ``TypeError`` /
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import enum
-import operator
 import os
-import sys
 import threading
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from tensorxfer import _core
-from tensorxfer._tensor import as_view
 from tensorxfer.errors import UnsupportedError
+from tensorxfer.inference._arguments import device_id as _device_id
+from tensorxfer.inference._arguments import require_gpu as _require_gpu
+from tensorxfer.inference._arguments import stream_handle as _stream_handle
+from tensorxfer.inference._arguments import view_of as _view_of
+from tensorxfer.inference._errors import UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
+from tensorxfer.inference._errors import unified_errors as _unified_errors
 from tensorxfer.inference._host_pool import HostMemPool, create_host_mempool
+from tensorxfer.inference._numa import bind_to_numa_node, numa_nodes_of, numa_nodes_with_memory
+from tensorxfer.inference._timeout import compile_timeout as _compile_timeout
 
 
 class CompilationState(enum.Enum):
@@ -43,14 +47,6 @@ class CompilationState(enum.Enum):
     UNATTEMPTED = enum.auto()  # compile_allocator() has not run yet
     FAILURE = enum.auto()  # the allocator cannot be used here; see _compilation_error
     SUCCESS = enum.auto()  # _alloc is a CUDAPluggableAllocator over the extension's symbols
-
-
-class UnifiedMemoryUnsupportedError(UnsupportedError):
-    """Unified memory is not supported on this system."""
-
-
-class UnifiedMemoryCompileTimeoutError(UnifiedMemoryUnsupportedError):
-    """Unified memory compilation timed out."""
 
 
 # Module state, named as in the reference. Written only under _compile_lock.
@@ -68,75 +64,8 @@ _COMPILE_TIMEOUT_S = 60.0
 _MALLOC_SYMBOL: str = _core.uvm_malloc_symbol
 _FREE_SYMBOL: str = _core.uvm_free_symbol
 
-# PyThreadState_SetAsyncExc with an exception type, and with NULL (to cancel a pending one).
-_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-)
-_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-)
-
 
 # ---- compilation (availability of the compiled-in allocator) -----------------------
-@contextlib.contextmanager
-def _compile_timeout(timeout_s: float) -> Iterator[None]:
-    """Context manager to timeout compilation.
-
-    Raises :class:`UnifiedMemoryCompileTimeoutError` in the thread running the
-    block once ``timeout_s`` seconds have passed. Works on any thread (a timer
-    thread interrupts the block; no ``SIGALRM``). Python code is interrupted at
-    once; a blocking native call is interrupted when it returns.
-
-    Args:
-        timeout_s: timeout in seconds (> 0).
-    """
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise TypeError(f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    target = threading.get_ident()
-    guard = threading.Lock()
-    state = {"done": False, "fired": False}
-
-    def fire() -> None:
-        with guard:
-            if state["done"]:
-                return
-            state["fired"] = True
-            _set_async_exc(target, UnifiedMemoryCompileTimeoutError)
-
-    timer = threading.Timer(timeout_s, fire)
-    timer.daemon = True
-    timer.start()
-    error: Optional[BaseException] = None
-    try:
-        yield
-    except UnifiedMemoryCompileTimeoutError as exc:
-        error = exc
-    finally:
-        timer.cancel()
-        fired = _finish_timeout(target, guard, state)
-        if not fired and error is not None:
-            raise error
-    if fired:
-        message = f"unified memory allocator setup timed out after {timeout_s} s"
-        raise UnifiedMemoryCompileTimeoutError(message) from None
-
-
-def _finish_timeout(target: int, guard: threading.Lock, state: dict) -> bool:
-    """Disarms a _compile_timeout; returns whether it fired (cancelling a still-pending exception)."""
-    while True:
-        try:
-            with guard:
-                state["done"] = True
-                fired = state["fired"]
-            if fired:
-                _clear_async_exc(target, None)
-            return fired
-        except UnifiedMemoryCompileTimeoutError:
-            continue  # the timer's exception landed here; `fired` accounts for it
-
-
 def _get_ctypes_lib() -> ctypes.CDLL:
     """Return a ctypes handle to the compiled UVM extension (.so)."""
     global _ctypes_lib
@@ -236,70 +165,6 @@ def create_unified_mempool() -> Any:
     except ImportError:  # torch < 2.8
         from torch.cuda import MemPool  # type: ignore[attr-defined,no-redef]
     return MemPool(allocator=_alloc)
-
-
-# ---- argument checks ---------------------------------------------------------------
-def _device_id(device: Any, *, gpu_only: bool = False) -> int:
-    if isinstance(device, bool):
-        raise TypeError("device must be an int device id, got bool")
-    try:
-        value = operator.index(device)
-    except TypeError:
-        raise TypeError(f"device must be an int device id (-1 for the CPU), got {type(device).__name__}") from None
-    if gpu_only and value < 0:
-        raise ValueError(
-            f"device must be a GPU id (>= 0), got {value}: the CPU always has access to managed memory"
-        )
-    if value < -1:
-        raise ValueError(f"device must be -1 (the CPU) or a GPU id >= 0, got {value}")
-    return value
-
-
-def _view_of(tensor: Any, name: str) -> Any:
-    """A contiguous view of a host or CUDA tensor; raises TypeError/ValueError naming ``name``."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(tensor, torch.Tensor):
-        if tensor.layout != torch.strided:
-            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {tensor.layout}")
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{name} must be a cpu or cuda tensor, got device {tensor.device}")
-    if tensor is None:
-        raise TypeError(f"{name} must be a tensor (torch.Tensor, numpy array, DLPack or buffer object), got None")
-    view = as_view(tensor, name)
-    if not view.is_host and not view.device.startswith("cuda"):
-        raise ValueError(f"{name} must be in host or CUDA memory, got {view.describe()}")
-    return view
-
-
-def _require_gpu(device: int, operation: str) -> None:
-    status = _core.cuda_status()
-    if status["device_count"] == 0:
-        raise UnifiedMemoryUnsupportedError(
-            f"{operation}: GPU device {device} was requested but no CUDA device is usable: {status['reason']}"
-        )
-
-
-@contextlib.contextmanager
-def _unified_errors() -> Iterator[None]:
-    try:
-        yield
-    except UnifiedMemoryUnsupportedError:
-        raise
-    except UnsupportedError as exc:
-        raise UnifiedMemoryUnsupportedError(str(exc)) from exc
-
-
-def _stream_handle(stream: Any) -> int:
-    if stream is None:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            return int(torch.cuda.current_stream().cuda_stream)
-        return 0
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
-    raise TypeError(f"stream must be None, a torch.cuda.Stream or a cudaStream_t int, got {type(stream).__name__}")
 
 
 # ---- tensors -------------------------------------------------------------------------
@@ -436,53 +301,6 @@ def advise_managed_module_parameters_preferred_location(
     _device_id(device)
     for tensor in _module_tensors(module, include_buffers):
         advise_managed_tensor_preferred_location(tensor, device=device)
-
-
-# ---- NUMA placement of host tensors -----------------------------------------------------
-def _host_view(tensor: Any, name: str) -> Any:
-    view = _view_of(tensor, name)
-    if not view.is_host:
-        raise ValueError(f"{name} must be in host memory (device cpu), got {view.describe()}")
-    return view
-
-
-def numa_nodes_with_memory() -> List[int]:
-    """The NUMA nodes this process can allocate memory on (raises UnifiedMemoryUnsupportedError without NUMA)."""
-    with _unified_errors():
-        return list(_core.numa_nodes_with_memory())
-
-
-def bind_to_numa_node(tensor: Any, node: int) -> None:
-    """Bind the pages of a host tensor to NUMA ``node``, moving the resident ones there.
-
-    Pages not yet touched are allocated on ``node`` when first written. The
-    policy covers whole pages, including bytes that share them with the tensor.
-
-    Raises:
-        ValueError: ``node`` is not a node with memory (the message lists them),
-            or the tensor is not contiguous host memory.
-        UnifiedMemoryUnsupportedError: NUMA is unavailable in this build/kernel.
-    """
-    view = _host_view(tensor, "tensor")
-    if isinstance(node, bool):
-        raise TypeError("node must be an int NUMA node id, got bool")
-    try:
-        node_id = operator.index(node)
-    except TypeError:
-        raise TypeError(f"node must be an int NUMA node id, got {type(node).__name__}") from None
-    with _unified_errors():
-        _core.bind_to_numa_node(view, "tensor", node_id)
-
-
-def numa_nodes_of(tensor: Any) -> List[int]:
-    """For each page a host tensor covers, the NUMA node holding it.
-
-    Negative entries are ``-errno``: ``-errno.ENOENT`` for a page not resident
-    yet, ``-errno.EFAULT`` for an unmapped one. An empty tensor gives ``[]``.
-    """
-    view = _host_view(tensor, "tensor")
-    with _unified_errors():
-        return list(_core.numa_nodes_of(view, "tensor"))
 
 
 __all__ = [
