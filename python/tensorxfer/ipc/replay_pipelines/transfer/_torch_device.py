@@ -55,8 +55,10 @@ def _torch_build(torch) -> str:
     return f"torch {torch.__version__} is a CPU-only build"
 
 
-def _require_indexed(device, runtime_name: str, count: int):
-    index = 0 if device.index is None else device.index
+def _require_indexed(device, runtime_name: str, runtime):
+    """``device`` with its index (default: the runtime's current device), which must be visible."""
+    count = runtime.device_count()
+    index = runtime.current_device() if device.index is None and count else (device.index or 0)
     if index >= count:
         raise UnsupportedError(
             f"device '{device}' requested but only {count} {runtime_name} device(s) are visible"
@@ -79,7 +81,7 @@ def require_present_device(torch, device):
             raise UnsupportedError(
                 f"device '{device}' requested but torch.cuda.is_available() is False ({_torch_build(torch)}{hint})"
             )
-        return _require_indexed(device, "HIP" if torch.version.hip else "CUDA", torch.cuda.device_count())
+        return _require_indexed(device, "HIP" if torch.version.hip else "CUDA", torch.cuda)
     if kind == "xpu":
         xpu = getattr(torch, "xpu", None)
         if xpu is None:
@@ -89,7 +91,7 @@ def require_present_device(torch, device):
                 f"device '{device}' requested but torch.xpu.is_available() is False (torch {torch.__version__}: "
                 "no XPU support in this build or no Intel GPU visible)"
             )
-        return _require_indexed(device, "XPU", xpu.device_count())
+        return _require_indexed(device, "XPU", xpu)
     if kind == "mps":
         if not torch.backends.mps.is_available():
             raise UnsupportedError(
