@@ -188,7 +188,7 @@ def prefetch_managed_tensor(tensor: Any, *, device: int, stream: Any = None) -> 
     if view.nbytes == 0:
         return
     with _unified_errors():
-        if view.is_host and target == -1:
+        if view.is_host and target == -1 and not view.device.startswith("cuda_managed"):
             _core.populate_host_pages(view, "tensor")
             return
         if target >= 0:
@@ -212,7 +212,7 @@ def advise_managed_tensor_preferred_location(tensor: Any, *, device: int) -> Non
     if view.nbytes == 0:
         return
     with _unified_errors():
-        if view.is_host and target == -1:
+        if view.is_host and target == -1 and not view.device.startswith("cuda_managed"):
             _core.prefer_local_numa_node(view, "tensor")
             return
         if target >= 0:
