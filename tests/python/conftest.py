@@ -11,12 +11,32 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "tensorxfer-"
 
 
-def tensorxfer_segments() -> set[str]:
-    """Names of the tensorxfer segments in /dev/shm now."""
+def _creator_is_ours_or_dead(name: str) -> bool:
+    """Segment names are ``tensorxfer-<creator pid>-<random>``. A segment whose creator
+    is still alive and is not this process belongs to someone else (another test run
+    on the same machine) and is not this test's leak."""
     try:
-        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+        pid = int(name[len(SHM_PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return True
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def tensorxfer_segments() -> set[str]:
+    """Names of the tensorxfer segments in /dev/shm now that this process or a dead one made."""
+    try:
+        names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return set()
+    return {name for name in names if name.startswith(SHM_PREFIX) and _creator_is_ours_or_dead(name)}
 
 
 @pytest.fixture(autouse=True)
