@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "info":
         return _info_main(rest)
     if command == "demo":
+        from tensorxfer.demo import limit_blas_threads
+
+        limit_blas_threads()
         from tensorxfer.demo.replay_demo import main as demo_main
 
         return demo_main(rest, prog="python -m tensorxfer demo")
