@@ -1,6 +1,7 @@
 #include "tensorxfer/runtime/futex.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +46,8 @@ int futex_wake(SharedWord32& word, int count) noexcept {
 }
 
 int futex_wake_all(SharedWord32& word) noexcept { return futex_wake(word, INT_MAX); }
+
+void yield_processor() noexcept { ::sched_yield(); }
 
 // ---- SpinPolicy ---------------------------------------------------------------
 

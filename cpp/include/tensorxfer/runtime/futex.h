@@ -45,6 +45,9 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Gives the CPU to another runnable thread, if any (sched_yield).
+void yield_processor() noexcept;
+
 // How long a waiter spins before it sleeps. Process-local (one per ring handle).
 //  * fixed(d): always spin for d (d == 0: never spin, sleep at once).
 //  * adaptive(): spin about twice the typical recent wait (an average of the
@@ -113,8 +116,11 @@ WaitStatus EventCount::await(Ready&& ready, WaitClock::time_point deadline, Spin
   const auto start = WaitClock::now();
   const auto spin_end = start + spin.budget();
   auto now = start;
-  while (now < spin_end && now < deadline) {
+  for (uint32_t round = 1; now < spin_end && now < deadline; ++round) {
     for (int i = 0; i < 16; ++i) cpu_relax();
+    // When cores are oversubscribed the peer we wait for may need this CPU:
+    // offer it now and then (sched_yield returns at once if nobody is waiting).
+    if (round % 8 == 0) yield_processor();
     if (ready()) {
       spin.record_wait(WaitClock::now() - start);
       return WaitStatus::kReady;
