@@ -1,0 +1,90 @@
+// A multi-threaded memcpy: an object owning a few worker threads that split
+// large copies (and any index range, for packing) with the calling thread.
+// There is no global engine: create one and pass it to whoever copies.
+//
+// After fork() the child has none of the workers: there every call runs on
+// the calling thread, and the destructor leaves the (absent) threads alone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "tensorxfer/common/tensor_view.h"
+
+namespace tensorxfer::copy {
+
+// Throws InvalidArgument (naming dst / src) unless both are contiguous host
+// views of the same byte size, dst is writable and the two do not partially
+// overlap (dst == src is allowed: copying is then a no-op).
+void require_copyable(const TensorView& dst, const TensorView& src);
+
+struct CopyEngineOptions {
+  // Worker threads to start; 0 = std::thread::hardware_concurrency() (at least 1).
+  std::size_t num_threads = 0;
+  // Threads (workers + caller) that work on one job at most; 0 = hardware
+  // concurrency (at least 2). More runnable copy threads than cores only adds
+  // preemption in the middle of a chunk, which delays the whole job.
+  std::size_t max_parallelism = 0;
+  // copy() below this many bytes is a plain memcpy on the calling thread: below
+  // it, handing work to other threads costs more than it saves (measured with
+  // bench/cpp/copy_bench.cc).
+  std::size_t parallel_threshold = std::size_t{1} << 20;
+  // A parallel copy is handed out in chunks of this many bytes.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  // Copies of at least this many bytes use streaming (non-temporal) stores:
+  // far larger than the caches, they would only evict what others use, and
+  // streaming skips reading each destination line before overwriting it.
+  std::size_t streaming_threshold = std::size_t{8} << 20;
+  // How long an idle worker polls for the next job before sleeping; a sleeping
+  // worker takes tens of microseconds to wake on a virtual machine.
+  std::chrono::microseconds spin{200};
+};
+
+class CopyEngine {
+ public:
+  // fn(begin, end) processes the items [begin, end).
+  using RangeFunction = std::function<void(std::size_t begin, std::size_t end)>;
+
+  // Starts the workers. Throws SystemError if a thread cannot be started.
+  explicit CopyEngine(const CopyEngineOptions& options = {});
+  explicit CopyEngine(std::size_t num_threads);
+  // Waits for the running job (if any) and joins every worker.
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  std::size_t num_threads() const noexcept { return num_threads_; }
+  // Workers + caller that share one job.
+  std::size_t max_parallelism() const noexcept { return max_parallelism_; }
+  std::size_t parallel_threshold() const noexcept { return options_.parallel_threshold; }
+
+  // Copies `nbytes` from `src` to `dst`; the ranges must not overlap. Blocks
+  // until done. Copies of `parallel_threshold` bytes or more are split in
+  // chunks across the workers and the caller, large ones stream past the caches.
+  // Thread-safe: concurrent callers take turns.
+  void copy(void* dst, const void* src, std::size_t nbytes);
+
+  // Calls fn over [0, count) in ranges of `grain` items (the last may be
+  // shorter), on the workers and the calling thread; returns when every range
+  // has run. If fn throws, no new ranges start and the first exception is
+  // rethrown here once the running ranges finish. fn may call back into this
+  // engine: nested calls run on the calling thread. Thread-safe.
+  void parallel_for(std::size_t count, std::size_t grain, const RangeFunction& fn);
+
+ private:
+  struct State;  // threads and synchronization; leaked (never destroyed) in a forked child
+
+  bool in_forked_child() const noexcept;
+
+  CopyEngineOptions options_;
+  pid_t owner_pid_;
+  std::size_t max_parallelism_ = 2;
+  std::size_t num_threads_ = 0;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tensorxfer::copy

@@ -1,0 +1,317 @@
+#include "tensorxfer/copy/copy_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "copy_kernels.h"
+#include "tensorxfer/common/error.h"
+
+namespace tensorxfer::copy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The engine state whose job this thread is running (workers: always their
+// own), so a nested call runs inline instead of waiting for its own job.
+thread_local const void* tls_running_engine = nullptr;
+
+class RunningEngineScope {
+ public:
+  explicit RunningEngineScope(const void* engine) noexcept : previous_(tls_running_engine) {
+    tls_running_engine = engine;
+  }
+  ~RunningEngineScope() { tls_running_engine = previous_; }
+  RunningEngineScope(const RunningEngineScope&) = delete;
+  RunningEngineScope& operator=(const RunningEngineScope&) = delete;
+
+ private:
+  const void* previous_;
+};
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+std::size_t hardware_threads() noexcept {
+  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
+}
+
+struct Job {
+  const CopyEngine::RangeFunction* fn = nullptr;
+  std::size_t count = 0;
+  std::size_t grain = 1;
+  std::size_t max_participants = 1;
+  std::size_t joined = 1;  // the caller; guarded by State::mutex
+  // Next item to hand out; relaxed: ranges only need to be handed out once,
+  // the data they write is published through `active_workers`.
+  std::atomic<std::size_t> next{0};
+  // Workers inside the job. Incremented under State::mutex, decremented with
+  // release when a worker is done so the caller's acquire load sees its writes.
+  std::atomic<std::size_t> active_workers{0};
+  // Set once a range threw; relaxed: it only stops handing out more ranges,
+  // the exception itself is passed under error_mutex.
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+};
+
+void run_ranges(Job& job) noexcept {
+  while (!job.failed.load(std::memory_order_relaxed)) {
+    const std::size_t begin = job.next.fetch_add(job.grain, std::memory_order_relaxed);
+    if (begin >= job.count) break;
+    const std::size_t end = std::min(job.count, begin + job.grain);
+    try {
+      (*job.fn)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(job.error_mutex);
+      if (!job.error) job.error = std::current_exception();
+      job.failed.store(true, std::memory_order_relaxed);
+    }
+  }
+  // Streaming stores are weakly ordered: drain them before reporting done.
+  detail::streaming_fence();
+}
+
+}  // namespace
+
+struct CopyEngine::State {
+  explicit State(std::chrono::microseconds spin_time) : spin(spin_time) {}
+
+  // Returns once `generation` differs from `seen` (and updates it), polling
+  // for `spin` first when `spin_first`.
+  void wait_for_new_generation(uint64_t& seen, bool spin_first);
+  // Under `mutex`: enters the current job if it has room.
+  [[nodiscard]] Job* try_join();
+  void leave(Job& job) noexcept;
+  void worker_loop();
+  void stop_and_join() noexcept;
+
+  const std::chrono::microseconds spin;
+  std::vector<std::thread> workers;
+  std::mutex submit_mutex;  // one job at a time
+  std::mutex mutex;         // guards job, stopping, sleepers
+  std::condition_variable wake_workers;
+  std::condition_variable job_finished;
+  Job* job = nullptr;
+  bool stopping = false;
+  std::size_t sleepers = 0;
+  // Workers polling for the next job; relaxed: only a hint for how many
+  // sleepers a new job must wake; a stale value costs one spurious wake-up.
+  std::atomic<std::size_t> spinning{0};
+  // Bumped (under `mutex`) for each new job and at shutdown; release so a
+  // worker that polls it with acquire and then locks sees what it announces.
+  std::atomic<uint64_t> generation{0};
+};
+
+void CopyEngine::State::wait_for_new_generation(uint64_t& seen, bool spin_first) {
+  if (spin_first && spin.count() > 0) {
+    spinning.fetch_add(1, std::memory_order_relaxed);
+    const auto spin_until = Clock::now() + spin;
+    bool changed = false;
+    for (unsigned polls = 0;; ++polls) {
+      if (generation.load(std::memory_order_acquire) != seen) {
+        changed = true;
+        break;
+      }
+      if ((polls & 63) == 63 && Clock::now() > spin_until) break;
+      cpu_relax();
+    }
+    spinning.fetch_sub(1, std::memory_order_relaxed);
+    if (changed) {
+      seen = generation.load(std::memory_order_acquire);
+      return;
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex);
+  ++sleepers;
+  wake_workers.wait(lock, [&] { return generation.load(std::memory_order_relaxed) != seen; });
+  --sleepers;
+  seen = generation.load(std::memory_order_relaxed);
+}
+
+Job* CopyEngine::State::try_join() {
+  if (job == nullptr || job->joined >= job->max_participants) return nullptr;
+  ++job->joined;
+  job->active_workers.fetch_add(1, std::memory_order_relaxed);
+  return job;
+}
+
+void CopyEngine::State::leave(Job& finished) noexcept {
+  if (finished.active_workers.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard<std::mutex> lock(mutex);
+    job_finished.notify_all();
+  }
+}
+
+void CopyEngine::State::worker_loop() {
+  RunningEngineScope scope(this);
+  uint64_t seen = 0;
+  bool spin_first = false;  // nothing to expect right after start
+  for (;;) {
+    wait_for_new_generation(seen, spin_first);
+    Job* joined = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopping) return;
+      joined = try_join();
+    }
+    if (joined == nullptr) {
+      // The job is full or over: sleep until the next one rather than spin
+      // on a core the job's threads are using.
+      spin_first = false;
+      continue;
+    }
+    run_ranges(*joined);
+    leave(*joined);
+    spin_first = true;
+  }
+}
+
+void CopyEngine::State::stop_and_join() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stopping = true;
+    generation.fetch_add(1, std::memory_order_release);
+  }
+  wake_workers.notify_all();
+  for (auto& worker : workers) worker.join();
+}
+
+void require_copyable(const TensorView& dst, const TensorView& src) {
+  require_contiguous_host(dst, "dst");
+  require_contiguous_host(src, "src");
+  require_writable(dst, "dst");
+  if (dst.nbytes() != src.nbytes()) {
+    throw InvalidArgument("copy: dst and src must have the same number of bytes, got dst " +
+                          std::to_string(dst.nbytes()) + " bytes (" + dst.describe() + "), src " +
+                          std::to_string(src.nbytes()) + " bytes (" + src.describe() + ")");
+  }
+  const auto dst_begin = reinterpret_cast<std::uintptr_t>(dst.data);
+  const auto src_begin = reinterpret_cast<std::uintptr_t>(src.data);
+  const std::size_t nbytes = dst.nbytes();
+  if (dst_begin != src_begin && dst_begin < src_begin + nbytes && src_begin < dst_begin + nbytes) {
+    throw InvalidArgument("copy: dst and src overlap (dst at " + std::to_string(dst_begin) +
+                          ", src at " + std::to_string(src_begin) + ", " +
+                          std::to_string(nbytes) + " bytes); copy through a temporary");
+  }
+}
+
+CopyEngine::CopyEngine(std::size_t num_threads) : CopyEngine(CopyEngineOptions{num_threads}) {}
+
+CopyEngine::CopyEngine(const CopyEngineOptions& options)
+    : options_(options),
+      owner_pid_(::getpid()),
+      state_(std::make_unique<State>(options.spin)) {
+  num_threads_ = options.num_threads == 0 ? hardware_threads() : options.num_threads;
+  max_parallelism_ = options.max_parallelism == 0 ? std::max<std::size_t>(2, hardware_threads())
+                                                  : options.max_parallelism;
+  max_parallelism_ = std::min(max_parallelism_, num_threads_ + 1);
+  state_->workers.reserve(num_threads_);
+  try {
+    for (std::size_t i = 0; i < num_threads_; ++i) {
+      state_->workers.emplace_back([state = state_.get()] { state->worker_loop(); });
+    }
+  } catch (const std::system_error& error) {
+    const std::size_t started = state_->workers.size();
+    state_->stop_and_join();
+    throw SystemError("CopyEngine: starting worker thread " + std::to_string(started + 1) + " of " +
+                          std::to_string(num_threads_),
+                      error.code().value());
+  }
+}
+
+bool CopyEngine::in_forked_child() const noexcept { return ::getpid() != owner_pid_; }
+
+CopyEngine::~CopyEngine() {
+  if (in_forked_child()) {
+    // The workers exist only in the parent, and the condition variables list
+    // them as waiters: joining or destroying any of it here would hang.
+    (void)state_.release();
+    return;
+  }
+  std::lock_guard<std::mutex> submit(state_->submit_mutex);
+  state_->stop_and_join();
+}
+
+void CopyEngine::copy(void* dst, const void* src, std::size_t nbytes) {
+  if (nbytes == 0) return;
+  if (nbytes < options_.parallel_threshold || max_parallelism_ < 2 ||
+      tls_running_engine == state_.get() || in_forked_child()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  const std::size_t chunk = std::max<std::size_t>(4096, options_.chunk_bytes);
+  const bool streaming = nbytes >= options_.streaming_threshold;
+  const std::size_t chunks = (nbytes + chunk - 1) / chunk;
+  parallel_for(chunks, 1, [&](std::size_t begin, std::size_t end) {
+    const std::size_t first = begin * chunk;
+    const std::size_t last = std::min(nbytes, end * chunk);
+    if (streaming) {
+      detail::streaming_copy(out + first, in + first, last - first);
+    } else {
+      std::memcpy(out + first, in + first, last - first);
+    }
+  });
+}
+
+void CopyEngine::parallel_for(std::size_t count, std::size_t grain, const RangeFunction& fn) {
+  if (count == 0) return;
+  grain = std::max<std::size_t>(1, grain);
+  State& state = *state_;
+  if (count <= grain || max_parallelism_ < 2 || tls_running_engine == &state || in_forked_child()) {
+    for (std::size_t begin = 0; begin < count; begin += grain) fn(begin, std::min(count, begin + grain));
+    return;
+  }
+  std::lock_guard<std::mutex> submit(state.submit_mutex);
+  Job job;
+  job.fn = &fn;
+  job.count = count;
+  job.grain = grain;
+  job.max_participants = std::min(max_parallelism_, (count + grain - 1) / grain);
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.job = &job;
+    state.generation.fetch_add(1, std::memory_order_release);
+    // Spinning workers notice the new generation by themselves; wake sleepers
+    // only for the places they cannot fill.
+    const std::size_t wanted = job.max_participants - 1;
+    const std::size_t spinning = state.spinning.load(std::memory_order_relaxed);
+    for (std::size_t i = spinning; i < wanted && i - spinning < state.sleepers; ++i) {
+      state.wake_workers.notify_one();
+    }
+  }
+  {
+    RunningEngineScope scope(&state);
+    run_ranges(job);
+  }
+  const auto spin_until = Clock::now() + options_.spin;
+  for (unsigned polls = 0; job.active_workers.load(std::memory_order_acquire) != 0; ++polls) {
+    if ((polls & 63) == 63 && Clock::now() > spin_until) break;
+    cpu_relax();
+  }
+  {
+    std::unique_lock<std::mutex> lock(state.mutex);
+    state.job_finished.wait(lock, [&] { return job.active_workers.load(std::memory_order_acquire) == 0; });
+    state.job = nullptr;
+  }
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+}  // namespace tensorxfer::copy

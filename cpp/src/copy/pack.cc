@@ -1,0 +1,234 @@
+#include "tensorxfer/copy/pack.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+#include <unordered_set>
+
+#include "copy_kernels.h"
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
+#include "tensorxfer/copy/copy_engine.h"
+
+namespace tensorxfer::copy {
+namespace {
+
+constexpr std::size_t align_up(std::size_t value, std::size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << '(';
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  if (shape.size() == 1) out << ',';
+  out << ')';
+  return out.str();
+}
+
+std::string source_name(const std::string& field) { return "sources['" + field + "']"; }
+
+// Bytes of gathered rows handed out at a time: enough to amortize taking a
+// range, small enough that two threads end together.
+constexpr std::size_t kRangeBytes = std::size_t{64} << 10;
+// Rows ahead whose bytes are prefetched: the next row's page walk and first
+// lines overlap the copy of the current one.
+constexpr std::size_t kPrefetchRows = 2;
+// Packed outputs at least this large are written with streaming stores: they
+// exceed what stays cached until the consumer reads them, and streaming skips
+// reading every destination line before overwriting it.
+constexpr std::size_t kStreamingPackBytes = std::size_t{4} << 20;
+
+struct FieldPlan {
+  const PackField* field;
+  const char* source;  // base of the source rows
+  char* out;           // where the field's rows go in dst
+};
+
+// One unit of work: rows [begin, end) of one field.
+struct RowRange {
+  std::size_t field;
+  int64_t begin;
+  int64_t end;
+};
+
+template <typename Index>
+void gather_range(const FieldPlan& plan, const Index* indices, int64_t begin, int64_t end,
+                  bool streaming) {
+  const std::size_t row = plan.field->row_nbytes;
+  const char* source = plan.source;
+  char* out = plan.out + static_cast<std::size_t>(begin) * row;
+  const bool prefetch = row >= 256;
+  for (int64_t i = begin; i < end; ++i, out += row) {
+    if (prefetch && i + static_cast<int64_t>(kPrefetchRows) < end) {
+      detail::prefetch_bytes(source + static_cast<std::size_t>(indices[i + kPrefetchRows]) * row, row);
+    }
+    const char* in = source + static_cast<std::size_t>(indices[i]) * row;
+    if (streaming) {
+      detail::streaming_copy(out, in, row);
+    } else {
+      detail::small_copy(out, in, row);
+    }
+  }
+}
+
+template <typename Index>
+void check_index_range(const Index* indices, int64_t count, const PackLayout& layout,
+                       const std::vector<FieldPlan>& plans, const std::vector<int64_t>& rows_of) {
+  if (count == 0) return;
+  const auto [low, high] = std::minmax_element(indices, indices + count);
+  int64_t smallest_source = std::numeric_limits<int64_t>::max();
+  std::size_t smallest_field = 0;
+  for (std::size_t f = 0; f < plans.size(); ++f) {
+    if (rows_of[f] < smallest_source) {
+      smallest_source = rows_of[f];
+      smallest_field = f;
+    }
+  }
+  if (*low >= 0 && static_cast<int64_t>(*high) < smallest_source) return;
+  const Index* bad = *low < 0 ? low : high;
+  std::ostringstream message;
+  message << "indices[" << (bad - indices) << "] = " << static_cast<int64_t>(*bad)
+          << " is out of range for " << source_name(layout.fields()[smallest_field].name)
+          << " with " << smallest_source << " rows (expected 0 <= index < " << smallest_source
+          << "); nothing was written";
+  throw InvalidArgument(message.str());
+}
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto a_begin = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b_begin = reinterpret_cast<std::uintptr_t>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && a_begin < b_begin + b.nbytes() &&
+         b_begin < a_begin + a.nbytes();
+}
+
+}  // namespace
+
+PackLayout::PackLayout(std::vector<PackFieldSpec> fields, int64_t rows) : rows_(rows) {
+  TENSORXFER_CHECK(InvalidArgument, rows >= 0, "PackLayout: rows must be >= 0, got ", rows);
+  TENSORXFER_CHECK(InvalidArgument, !fields.empty(), "PackLayout: expected at least one field, got none");
+  std::unordered_set<std::string> names;
+  std::size_t offset = 0;
+  for (auto& spec : fields) {
+    TENSORXFER_CHECK(InvalidArgument, !spec.name.empty(), "PackLayout: field names must not be empty");
+    TENSORXFER_CHECK(InvalidArgument, names.insert(spec.name).second,
+                     "PackLayout: field '", spec.name, "' appears twice");
+    TensorView row;
+    row.dtype = spec.dtype;
+    row.shape = spec.row_shape;
+    for (int64_t extent : spec.row_shape) {
+      TENSORXFER_CHECK(InvalidArgument, extent >= 0, "PackLayout: field '", spec.name,
+                       "' has a negative extent in its row shape ", shape_text(spec.row_shape));
+    }
+    PackField field;
+    field.name = std::move(spec.name);
+    field.dtype = spec.dtype;
+    field.row_shape = std::move(spec.row_shape);
+    field.row_nbytes = row.nbytes();
+    field.offset = align_up(offset, kAlignment);
+    field.nbytes = field.row_nbytes * static_cast<std::size_t>(rows);
+    offset = field.offset + field.nbytes;
+    fields_.push_back(std::move(field));
+  }
+  nbytes_ = align_up(offset, kAlignment);
+}
+
+const PackField* PackLayout::find(const std::string& name) const noexcept {
+  for (const auto& field : fields_) {
+    if (field.name == name) return &field;
+  }
+  return nullptr;
+}
+
+void pack_rows(const TensorView& dst, const PackLayout& layout,
+               const std::vector<PackSource>& sources, const TensorView& indices,
+               CopyEngine* engine) {
+  require_contiguous_host(dst, "dst");
+  require_writable(dst, "dst");
+  if (dst.nbytes() < layout.nbytes()) {
+    throw InvalidArgument("dst: expected at least layout.nbytes = " + std::to_string(layout.nbytes()) +
+                          " bytes, got " + std::to_string(dst.nbytes()) + " bytes (" +
+                          dst.describe() + ")");
+  }
+
+  // Exactly one source per field.
+  const auto& fields = layout.fields();
+  std::vector<const PackSource*> source_of(fields.size(), nullptr);
+  for (const auto& source : sources) {
+    const PackField* field = layout.find(source.name);
+    TENSORXFER_CHECK(InvalidArgument, field != nullptr, "sources: '", source.name,
+                     "' is not a field of the layout");
+    const std::size_t f = static_cast<std::size_t>(field - fields.data());
+    TENSORXFER_CHECK(InvalidArgument, source_of[f] == nullptr, "sources: '", source.name,
+                     "' is given twice");
+    source_of[f] = &source;
+  }
+  std::vector<FieldPlan> plans;
+  std::vector<int64_t> rows_of;
+  for (std::size_t f = 0; f < fields.size(); ++f) {
+    const PackField& field = fields[f];
+    TENSORXFER_CHECK(InvalidArgument, source_of[f] != nullptr, "sources: missing field '",
+                     field.name, "'");
+    const TensorView& view = source_of[f]->view;
+    const std::string name = source_name(field.name);
+    require_contiguous_host(view, name.c_str());
+    TENSORXFER_CHECK(TypeMismatch, view.dtype == field.dtype, name, ": expected dtype ",
+                     dtype_name(field.dtype), ", got ", dtype_name(view.dtype));
+    const bool shape_ok =
+        view.shape.size() == field.row_shape.size() + 1 &&
+        std::equal(field.row_shape.begin(), field.row_shape.end(), view.shape.begin() + 1);
+    TENSORXFER_CHECK(InvalidArgument, shape_ok, name, ": expected shape (N, *",
+                     shape_text(field.row_shape), "), got ", shape_text(view.shape));
+    TENSORXFER_CHECK(InvalidArgument, !overlaps(dst, view), "dst overlaps ", name);
+    plans.push_back({&field, static_cast<const char*>(view.data),
+                     static_cast<char*>(dst.data) + field.offset});
+    rows_of.push_back(view.shape[0]);
+  }
+
+  require_contiguous_host(indices, "indices");
+  constexpr DLDataType kInt64{kDLInt, 64, 1};
+  constexpr DLDataType kInt32{kDLInt, 32, 1};
+  const bool wide = indices.dtype == kInt64;
+  TENSORXFER_CHECK(TypeMismatch, wide || indices.dtype == kInt32,
+                   "indices: expected dtype int32 or int64, got ", dtype_name(indices.dtype));
+  TENSORXFER_CHECK(InvalidArgument, indices.shape.size() == 1 && indices.shape[0] == layout.rows(),
+                   "indices: expected shape (", layout.rows(), ",) (layout.rows), got ",
+                   shape_text(indices.shape));
+  if (wide) {
+    check_index_range(static_cast<const int64_t*>(indices.data), layout.rows(), layout, plans, rows_of);
+  } else {
+    check_index_range(static_cast<const int32_t*>(indices.data), layout.rows(), layout, plans, rows_of);
+  }
+
+  // Work list: each field's rows cut into ranges of about kRangeBytes.
+  std::vector<RowRange> ranges;
+  for (std::size_t f = 0; f < plans.size(); ++f) {
+    const std::size_t row = plans[f].field->row_nbytes;
+    if (row == 0) continue;
+    const auto step = static_cast<int64_t>(std::max<std::size_t>(1, kRangeBytes / row));
+    for (int64_t begin = 0; begin < layout.rows(); begin += step) {
+      ranges.push_back({f, begin, std::min(layout.rows(), begin + step)});
+    }
+  }
+  const bool streaming = layout.nbytes() >= kStreamingPackBytes;
+  auto run = [&](std::size_t first, std::size_t last) {
+    for (std::size_t r = first; r < last; ++r) {
+      const RowRange& range = ranges[r];
+      if (wide) {
+        gather_range(plans[range.field], static_cast<const int64_t*>(indices.data), range.begin,
+                     range.end, streaming);
+      } else {
+        gather_range(plans[range.field], static_cast<const int32_t*>(indices.data), range.begin,
+                     range.end, streaming);
+      }
+    }
+    detail::streaming_fence();
+  };
+  if (engine != nullptr) {
+    engine->parallel_for(ranges.size(), 1, run);
+  } else {
+    run(0, ranges.size());
+  }
+}
+
+}  // namespace tensorxfer::copy

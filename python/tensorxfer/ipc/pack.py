@@ -1,0 +1,282 @@
+"""Native row packing: gather indexed rows of several sources into one buffer.
+
+``PackLayout`` names the fields of a packed batch (dtype and row shape each)
+and places them one after the other, every field starting on a 64-byte
+boundary. ``pack_rows`` gathers the rows chosen by an index vector from each
+field's source (e.g. a replay store in shared memory) into a packed buffer
+with the native copy engine's threads, the GIL released. ``layout.unpack``
+returns zero-copy views of the packed fields.
+
+    layout = PackLayout({"obs": ("float32", (64,)), "action": ("float32", (8,)),
+                         "reward": ("float32", ())}, rows=256)
+    batch = numpy.empty(layout.nbytes, numpy.uint8)
+    pack_rows(batch, layout, sources={"obs": obs, "action": act, "reward": rew},
+              indices=idx)
+    fields = layout.unpack(batch)      # {"obs": (256, 64) float32 view, ...}
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tensorxfer import _core
+from tensorxfer._tensor import as_view, is_torch_tensor
+
+ALIGNMENT = 64
+"""Byte alignment of every field's offset (and of ``PackLayout.nbytes``)."""
+
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _dtype_name(dtype: Any, field: str) -> str:
+    """Canonical dtype name ("float32", ...) of a name, numpy dtype or torch dtype."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return str(dtype).split(".", 1)[1]
+    if dtype is None:
+        raise TypeError(f"field {field!r}: expected a dtype (name, numpy or torch dtype), got None")
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"field {field!r}: unsupported dtype {dtype!r} ({error})") from None
+    if resolved.byteorder == ">":
+        raise TypeError(f"field {field!r}: big-endian dtype {dtype!r} is not supported")
+    return resolved.name
+
+
+def _row_shape(shape: Any, field: str) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    try:
+        return tuple(int(extent) for extent in shape)
+    except TypeError:
+        raise TypeError(
+            f"field {field!r}: expected a row shape (tuple of ints, () for a scalar), got {shape!r}"
+        ) from None
+
+
+class PackLayout:
+    """Where each named field's rows go in a packed buffer.
+
+    ``fields`` maps a name to ``(dtype, row_shape)``: dtype as a name
+    (``"float32"``), numpy dtype or torch dtype; row_shape a tuple (``()`` for
+    one scalar per row). Fields are laid out in mapping order, each at a
+    64-byte aligned offset; ``rows`` is the batch size. Raises ``ValueError``
+    (no fields, negative rows or extents) or ``TypeError`` (unknown dtype).
+    Picklable, so collector processes can receive it.
+    """
+
+    def __init__(self, fields: Mapping[str, Tuple[Any, Any]], rows: int) -> None:
+        if not isinstance(fields, Mapping):
+            raise TypeError(f"fields: expected a mapping name -> (dtype, row_shape), got {type(fields).__name__}")
+        specs = []
+        for name, spec in fields.items():
+            if not isinstance(name, str):
+                raise TypeError(f"fields: names must be strings, got {name!r}")
+            if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+                raise TypeError(f"field {name!r}: expected (dtype, row_shape), got {spec!r}")
+            specs.append((name, _dtype_name(spec[0], name), _row_shape(spec[1], name)))
+        rows = int(rows)
+        self._native = _core.PackLayout(specs, rows)
+        described = self._native.fields
+        self._fields: Dict[str, Tuple[str, Tuple[int, ...]]] = {
+            name: (dtype, tuple(shape)) for name, dtype, shape, _, _ in described
+        }
+        self._offsets: Dict[str, int] = {name: offset for name, _, _, offset, _ in described}
+        self._row_nbytes: Dict[str, int] = {name: size for name, _, _, _, size in described}
+
+    @property
+    def rows(self) -> int:
+        """Rows per field (the batch size)."""
+        return self._native.rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a packed buffer needs (a multiple of 64)."""
+        return self._native.nbytes
+
+    @property
+    def fields(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        """``{name: (dtype name, row shape)}`` in packing order (a copy)."""
+        return dict(self._fields)
+
+    @property
+    def offsets(self) -> Dict[str, int]:
+        """``{name: byte offset}`` of each field in the packed buffer (multiples of 64)."""
+        return dict(self._offsets)
+
+    @property
+    def row_nbytes(self) -> Dict[str, int]:
+        """``{name: bytes of one row}``."""
+        return dict(self._row_nbytes)
+
+    def unpack(self, dst: Any) -> Dict[str, Any]:
+        """Zero-copy views of each field in the packed buffer ``dst``.
+
+        Returns ``{name: view of shape (rows, *row_shape)}``: torch tensors if
+        ``dst`` is a torch tensor (any device), numpy arrays otherwise (numpy
+        arrays and buffer-protocol objects). ``dst`` must be contiguous and
+        hold at least ``nbytes`` bytes.
+        """
+        if is_torch_tensor(dst):
+            return self._unpack_torch(dst)
+        array = dst if isinstance(dst, np.ndarray) else np.asarray(dst)
+        if not array.flags.c_contiguous:
+            raise ValueError(f"dst must be C-contiguous, got strides {array.strides} for shape {array.shape}")
+        self._check_size(array.nbytes)
+        flat = array.reshape(-1).view(np.uint8)
+        views = {}
+        for name, (dtype, shape) in self._fields.items():
+            if dtype == "bfloat16":
+                raise TypeError(
+                    f"field {name!r} has dtype bfloat16, which numpy cannot represent; unpack a torch tensor instead"
+                )
+            offset = self._offsets[name]
+            size = self._row_nbytes[name] * self.rows
+            views[name] = flat[offset : offset + size].view(np.dtype(dtype)).reshape((self.rows,) + shape)
+        return views
+
+    def _unpack_torch(self, dst: Any) -> Dict[str, Any]:
+        import torch
+
+        if not dst.is_contiguous():
+            raise ValueError(f"dst must be contiguous, got strides {tuple(dst.stride())} for shape {tuple(dst.shape)}")
+        self._check_size(dst.numel() * dst.element_size())
+        flat = dst.reshape(-1).view(torch.uint8)
+        views = {}
+        for name, (dtype, shape) in self._fields.items():
+            offset = self._offsets[name]
+            size = self._row_nbytes[name] * self.rows
+            views[name] = flat[offset : offset + size].view(getattr(torch, dtype)).view((self.rows,) + shape)
+        return views
+
+    def _check_size(self, nbytes: int) -> None:
+        if nbytes < self.nbytes:
+            raise ValueError(f"dst: expected at least layout.nbytes = {self.nbytes} bytes, got {nbytes}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PackLayout):
+            return NotImplemented
+        return self.rows == other.rows and list(self._fields.items()) == list(other._fields.items())
+
+    def __hash__(self) -> int:
+        return hash((self.rows, tuple(self._fields.items())))
+
+    def __reduce__(self):
+        return (PackLayout, (self.fields, self.rows))
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name!r}: ({dtype!r}, {shape})" for name, (dtype, shape) in self._fields.items())
+        return f"PackLayout({{{parts}}}, rows={self.rows}) # nbytes={self.nbytes}"
+
+
+# ---- the engine pack_rows uses when given none -------------------------------
+
+_default_engine: Optional[_core.CopyEngine] = None
+_default_engine_lock = threading.Lock()
+# Engines inherited through fork(): their threads exist only in the parent, so
+# they are kept (never destroyed) and a new engine is made in the child.
+_engines_from_parent: list = []
+
+
+def _forget_engine_after_fork() -> None:
+    global _default_engine, _default_engine_lock
+    if _default_engine is not None:
+        _engines_from_parent.append(_default_engine)
+    _default_engine = None
+    _default_engine_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_engine_after_fork)
+
+
+def default_copy_engine() -> _core.CopyEngine:
+    """The ``CopyEngine`` that ``pack_rows`` uses when ``engine`` is None.
+
+    Created on first use, one per process (a forked child makes its own), with
+    one worker per hardware thread. The native core itself keeps no global
+    engine; this one lives in this module.
+    """
+    global _default_engine
+    engine = _default_engine
+    if engine is None:
+        with _default_engine_lock:
+            if _default_engine is None:
+                _default_engine = _core.CopyEngine()
+            engine = _default_engine
+    return engine
+
+
+def _indices_view(indices: Any) -> Any:
+    if is_torch_tensor(indices):
+        import torch
+
+        if indices.dtype not in (torch.int32, torch.int64):
+            if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+                raise TypeError(f"indices: expected integers (int32 or int64), got {indices.dtype}")
+            indices = indices.to(torch.int64)
+        return as_view(indices.contiguous(), "indices", host=True)
+    array = np.asarray(indices)
+    if array.size == 0 and array.dtype.kind not in "iu":
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"indices: expected integers (int32 or int64), got dtype {array.dtype}")
+    if array.dtype not in _INDEX_DTYPES:
+        array = array.astype(np.int64)
+    return as_view(np.ascontiguousarray(array), "indices", host=True)
+
+
+def pack_rows(
+    dst: Any,
+    layout: PackLayout,
+    sources: Mapping[str, Any],
+    indices: Any,
+    engine: Optional[_core.CopyEngine] = None,
+) -> None:
+    """Gathers ``sources[f][indices]`` for every field ``f`` of ``layout`` into ``dst``.
+
+    ``dst``: a contiguous, writable host buffer (numpy array, torch tensor,
+    any dtype: it is used as bytes) of at least ``layout.nbytes`` bytes.
+    ``sources``: exactly one entry per field, each a contiguous host tensor of
+    shape ``(N, *row_shape)`` and the field's dtype. ``indices``: ``layout.rows``
+    integers (int32/int64 used as is; any container numpy accepts), each in
+    ``[0, N)`` for every source; all are checked before anything is written.
+    ``engine``: the ``CopyEngine`` whose threads do the work with the caller
+    (GIL released); None uses :func:`default_copy_engine`.
+
+    Raises ``ValueError`` (missing/extra fields, shapes, sizes, out-of-range
+    indices, non-contiguous or non-host inputs) and ``TypeError`` (dtypes),
+    with the field named.
+    """
+    if not isinstance(layout, PackLayout):
+        raise TypeError(f"layout: expected a tensorxfer.ipc.PackLayout, got {type(layout).__name__}")
+    if not isinstance(sources, Mapping):
+        raise TypeError(f"sources: expected a mapping field name -> tensor, got {type(sources).__name__}")
+    expected = layout.fields
+    missing = [name for name in expected if name not in sources]
+    extra = [name for name in sources if name not in expected]
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append(f"missing fields {missing}")
+        if extra:
+            problems.append(f"unexpected fields {extra}")
+        raise ValueError(f"sources: {', '.join(problems)} (the layout has {list(expected)})")
+    dst_view = as_view(dst, "dst", host=True, writable=True)
+    pairs = [(name, as_view(sources[name], f"sources[{name!r}]", host=True)) for name in expected]
+    index_view = _indices_view(indices)
+    if engine is None:
+        engine = default_copy_engine()
+    elif not isinstance(engine, _core.CopyEngine):
+        raise TypeError(f"engine: expected a CopyEngine or None, got {type(engine).__name__}")
+    _core.pack_rows(dst_view, layout._native, pairs, index_view, engine)
+
+
+__all__ = ["ALIGNMENT", "PackLayout", "pack_rows", "default_copy_engine"]

@@ -1,0 +1,266 @@
+#include "tensorxfer/copy/copy_engine.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorxfer/common/error.h"
+
+namespace tensorxfer::copy {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A byte pattern that differs at every position of any realistic copy.
+std::vector<uint8_t> pattern(std::size_t nbytes, uint32_t seed) {
+  std::vector<uint8_t> bytes(nbytes);
+  uint32_t state = seed * 2654435761u + 1;
+  for (auto& byte : bytes) {
+    state = state * 1664525u + 1013904223u;
+    byte = static_cast<uint8_t>(state >> 24);
+  }
+  return bytes;
+}
+
+struct EngineShape {
+  std::size_t num_threads;
+  std::size_t max_parallelism;
+};
+
+class CopyEngineSizesTest : public ::testing::TestWithParam<EngineShape> {};
+
+// Copies from and to misaligned addresses, checking the guard bytes around dst.
+TEST_P(CopyEngineSizesTest, CopiesEverySizeExactly) {
+  CopyEngineOptions options;
+  options.num_threads = GetParam().num_threads;
+  options.max_parallelism = GetParam().max_parallelism;
+  CopyEngine engine(options);
+  const std::size_t sizes[] = {0,           1,           7,           63,          64,
+                               65,          4095,        (1u << 20) - 1, 1u << 20, (1u << 20) + 13,
+                               (3u << 20) + 4097, (9u << 20) + 5};
+  constexpr std::size_t kGuard = 64;
+  for (std::size_t nbytes : sizes) {
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{3}}) {
+      SCOPED_TRACE("nbytes=" + std::to_string(nbytes) + " misalign=" + std::to_string(misalign));
+      const auto source = pattern(nbytes + misalign, static_cast<uint32_t>(nbytes));
+      std::vector<uint8_t> target(nbytes + 2 * kGuard + misalign, 0xA5);
+      engine.copy(target.data() + kGuard + misalign, source.data() + misalign, nbytes);
+      EXPECT_EQ(0, std::memcmp(target.data() + kGuard + misalign, source.data() + misalign, nbytes));
+      for (std::size_t i = 0; i < kGuard + misalign; ++i) ASSERT_EQ(target[i], 0xA5) << i;
+      for (std::size_t i = kGuard + misalign + nbytes; i < target.size(); ++i) ASSERT_EQ(target[i], 0xA5) << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CopyEngineSizesTest,
+                         ::testing::Values(EngineShape{1, 0}, EngineShape{2, 0}, EngineShape{4, 5},
+                                           EngineShape{3, 1}));
+
+TEST(CopyEngineTest, HugeCopyIsExact) {
+  CopyEngine engine(2);
+  const std::size_t nbytes = (std::size_t{96} << 20) + 11;
+  std::vector<uint8_t> source(nbytes);
+  for (std::size_t i = 0; i < nbytes; ++i) source[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  std::vector<uint8_t> target(nbytes, 0);
+  engine.copy(target.data(), source.data(), nbytes);
+  EXPECT_TRUE(target == source);
+}
+
+TEST(CopyEngineTest, DefaultsFollowTheHardware) {
+  CopyEngine engine;
+  EXPECT_GE(engine.num_threads(), 1u);
+  EXPECT_EQ(engine.num_threads(), std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_GE(engine.max_parallelism(), 2u);
+  EXPECT_LE(engine.max_parallelism(), engine.num_threads() + 1);
+}
+
+TEST(CopyEngineTest, ParallelForVisitsEveryIndexOnce) {
+  CopyEngine engine(3);
+  for (std::size_t count : {0, 1, 5, 64, 1000, 4097}) {
+    for (std::size_t grain : {1, 7, 64, 5000}) {
+      std::vector<std::atomic<int>> visits(count);
+      engine.parallel_for(count, grain, [&](std::size_t begin, std::size_t end) {
+        ASSERT_LT(begin, end);
+        ASSERT_LE(end, count);
+        ASSERT_LE(end - begin, grain);
+        for (std::size_t i = begin; i < end; ++i) visits[i].fetch_add(1);
+      });
+      for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(visits[i].load(), 1) << "count=" << count << " grain=" << grain << " i=" << i;
+    }
+  }
+}
+
+// The caller holds its first range until a worker has thrown, so the error
+// surely comes from another thread.
+TEST(CopyEngineTest, WorkerExceptionIsRethrownOnTheCaller) {
+  CopyEngine engine(2);
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> worker_threw{false};
+  try {
+    engine.parallel_for(64, 1, [&](std::size_t, std::size_t) {
+      if (std::this_thread::get_id() == caller) {
+        const auto give_up = std::chrono::steady_clock::now() + 10s;
+        while (!worker_threw.load() && std::chrono::steady_clock::now() < give_up) {
+          std::this_thread::sleep_for(100us);
+        }
+        return;
+      }
+      worker_threw.store(true);
+      throw InvalidArgument("range failed on a worker");
+    });
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_STREQ(error.what(), "range failed on a worker");
+  }
+  EXPECT_TRUE(worker_threw.load());
+  // Still usable afterwards.
+  std::atomic<std::size_t> total{0};
+  engine.parallel_for(100, 3, [&](std::size_t b, std::size_t e) { total += e - b; });
+  EXPECT_EQ(total.load(), 100u);
+}
+
+TEST(CopyEngineTest, CallerExceptionStopsHandingOutRanges) {
+  CopyEngine engine(1);
+  std::atomic<std::size_t> ran{0};
+  EXPECT_THROW(engine.parallel_for(100000, 1,
+                                   [&](std::size_t begin, std::size_t) {
+                                     ran.fetch_add(1);
+                                     if (begin == 0) throw std::runtime_error("first range fails");
+                                   }),
+               std::runtime_error);
+  EXPECT_LT(ran.load(), 100000u);
+}
+
+TEST(CopyEngineTest, NestedCallsRunInline) {
+  CopyEngine engine(2);
+  std::vector<uint8_t> source = pattern(2 << 20, 9);
+  std::vector<std::vector<uint8_t>> targets(4, std::vector<uint8_t>(source.size()));
+  engine.parallel_for(targets.size(), 1, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      engine.copy(targets[i].data(), source.data(), source.size());
+      std::atomic<int> inner{0};
+      engine.parallel_for(10, 2, [&](std::size_t b, std::size_t e) { inner += static_cast<int>(e - b); });
+      ASSERT_EQ(inner.load(), 10);
+    }
+  });
+  for (const auto& target : targets) EXPECT_TRUE(target == source);
+}
+
+TEST(CopyEngineTest, ConcurrentCallersTakeTurns) {
+  CopyEngine engine(2);
+  constexpr int kCallers = 4;
+  std::vector<std::vector<uint8_t>> sources, targets;
+  for (int i = 0; i < kCallers; ++i) {
+    sources.push_back(pattern((3 << 20) + i, i));
+    targets.emplace_back(sources.back().size());
+  }
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      for (int round = 0; round < 5; ++round) {
+        std::fill(targets[i].begin(), targets[i].end(), 0);
+        engine.copy(targets[i].data(), sources[i].data(), sources[i].size());
+        ASSERT_TRUE(targets[i] == sources[i]);
+      }
+    });
+  }
+  for (auto& caller : callers) caller.join();
+}
+
+TEST(CopyEngineTest, DestructorJoinsIdleAndJustUsedWorkers) {
+  for (int i = 0; i < 50; ++i) {
+    CopyEngineOptions options;
+    options.num_threads = 3;
+    options.spin = std::chrono::microseconds(i % 2 ? 0 : 500);
+    CopyEngine engine(options);
+    if (i % 3 == 0) {
+      std::atomic<int> total{0};
+      engine.parallel_for(16, 1, [&](std::size_t, std::size_t) { total++; });
+      ASSERT_EQ(total.load(), 16);
+    }
+  }
+}
+
+TEST(CopyEngineTest, SleepingWorkersWakeForNewJobs) {
+  CopyEngineOptions options;
+  options.num_threads = 2;
+  options.spin = std::chrono::microseconds(0);
+  CopyEngine engine(options);
+  const auto caller = std::this_thread::get_id();
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(5ms);  // every worker is asleep now
+    std::atomic<bool> worker_ran{false};
+    engine.parallel_for(8, 1, [&](std::size_t, std::size_t) {
+      if (std::this_thread::get_id() != caller) {
+        worker_ran = true;
+        return;
+      }
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(50us);
+    });
+    EXPECT_TRUE(worker_ran.load()) << "round " << round;
+  }
+}
+
+TEST(RequireCopyableTest, RefusesMismatchedViewsNamingThem) {
+  std::vector<float> a(16), b(8);
+  TensorView dst = TensorView::bytes(a.data(), 64);
+  TensorView src = TensorView::bytes(b.data(), 32);
+  try {
+    require_copyable(dst, src);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("dst 64 bytes"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("src 32 bytes"), std::string::npos) << error.what();
+  }
+  TensorView readonly = TensorView::bytes(b.data(), 32);
+  readonly.readonly = true;
+  EXPECT_THROW(require_copyable(readonly, TensorView::bytes(a.data(), 32)), InvalidArgument);
+  TensorView strided = TensorView::bytes(a.data(), 8);
+  strided.strides = {2};
+  EXPECT_THROW(require_copyable(strided, TensorView::bytes(b.data(), 8)), InvalidArgument);
+  TensorView device = TensorView::bytes(a.data(), 8, DLDevice{kDLCUDA, 0});
+  EXPECT_THROW(require_copyable(TensorView::bytes(b.data(), 8), device), InvalidArgument);
+  // Partial overlap is refused, identical ranges are a no-op copy.
+  EXPECT_THROW(require_copyable(TensorView::bytes(a.data(), 32), TensorView::bytes(a.data() + 1, 32)),
+               InvalidArgument);
+  EXPECT_NO_THROW(require_copyable(TensorView::bytes(a.data(), 32), TensorView::bytes(a.data(), 32)));
+}
+
+#if !defined(__SANITIZE_THREAD__)
+// A forked child has none of the workers: its copies run inline and its
+// engine's destructor must not try to join the parent's threads.
+TEST(CopyEngineTest, WorksInAForkedChild) {
+  auto engine = std::make_unique<CopyEngine>(2);
+  const auto source = pattern(4 << 20, 3);
+  std::vector<uint8_t> target(source.size());
+  engine->copy(target.data(), source.data(), source.size());  // workers are running now
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<uint8_t> again(source.size());
+    engine->copy(again.data(), source.data(), source.size());
+    std::atomic<int> total{0};
+    engine->parallel_for(100, 1, [&](std::size_t b, std::size_t e) { total += static_cast<int>(e - b); });
+    engine.reset();  // must not join (or hang on) the parent's workers
+    ::_exit(again == source && total.load() == 100 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+#endif
+
+}  // namespace
+}  // namespace tensorxfer::copy
