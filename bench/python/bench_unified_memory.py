@@ -136,7 +136,7 @@ def run(size: int, repeats: int) -> Report:
     report.note(f"huge pages actually used: {huge_pages_kind}; numpy.empty gets transparent huge pages "
                 "for large arrays (numpy madvises MADV_HUGEPAGE), so compare it with pool(huge pages)")
     report.note("the 3x target applies to base-page memory (a fresh mmap); on huge pages a first-touch write "
-                "costs one kernel clear plus the write, so the write after prefetch is bounded near 2x faster")
+                "costs only a kernel clear plus the write, so the gain is bounded by (clear + write) / write")
     return report
 
 
