@@ -123,8 +123,13 @@ std::byte* SlotRing::slot_data(uint32_t slot) const {
   return payload_ + layout_.slots_offset + uint64_t{slot} * layout_.slot_stride;
 }
 
-void SlotRing::check_usable(const char* operation) const {
+void SlotRing::check_open(const char* operation) const {
   TENSORXFER_CHECK(InvalidArgument, !closed_.load(std::memory_order_relaxed), operation, ": ring is closed");
+}
+
+void SlotRing::check_usable(const char* operation) const {
+  check_open(operation);
+  // getpid() is a system call: public entry points check it once, inner loops do not.
   TENSORXFER_CHECK(InvalidArgument, ::getpid() == user_pid_, operation, ": this SlotRing belongs to pid ",
                    user_pid_, "; a fork()ed child must attach again by name");
 }
@@ -137,8 +142,13 @@ void SlotRing::check_slot(const char* operation, uint32_t slot) const {
 // ---- producer --------------------------------------------------------------------
 
 std::optional<uint32_t> SlotRing::try_acquire_free() {
-  std::lock_guard<std::mutex> lock(mutex_);
   check_usable("SlotRing::acquire_free");
+  std::lock_guard<std::mutex> lock(mutex_);
+  return take_free_locked();
+}
+
+std::optional<uint32_t> SlotRing::take_free_locked() {
+  check_open("SlotRing::acquire_free");
   if (!producer_index_) register_producer();  // the consumer producing into its own ring
   const uint32_t me = *producer_index_;
   for (uint32_t i = 0; i < layout_.depth; ++i) {
@@ -162,8 +172,12 @@ uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
   const auto deadline = deadline_after("SlotRing::acquire_free", timeout);
   check_usable("SlotRing::acquire_free");
   std::optional<uint32_t> slot;
-  const auto status = control().free_event.await([&] { return (slot = try_acquire_free()).has_value(); },
-                                                  deadline, spin_, [&] { watch_as_producer(); });
+  const auto status = control().free_event.await(
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return (slot = take_free_locked()).has_value();
+      },
+      deadline, spin_, [&] { watch_as_producer(); });
   if (status == runtime::WaitStatus::kReady) return *slot;
   throw Timeout("SlotRing::acquire_free: no slot became free within " + seconds_text(timeout) + " (ring '" +
                 name() + "', depth " + std::to_string(layout_.depth) + ")");
@@ -183,9 +197,10 @@ uint64_t SlotRing::claim_sequence() {
 }
 
 void SlotRing::publish(uint32_t slot, uint64_t tick_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
   check_usable("SlotRing::publish");
   check_slot("SlotRing::publish", slot);
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_open("SlotRing::publish");
   // relaxed: our own WRITING mark, which only we (or a reaper, if we were dead) change.
   const SlotWord word = load_slot_word(slot, std::memory_order_relaxed);
   TENSORXFER_CHECK(InvalidArgument,
@@ -214,20 +229,28 @@ void SlotRing::publish(uint32_t slot, uint64_t tick_id) {
 
 // ---- consumer --------------------------------------------------------------------
 
-std::optional<ReadySlot> SlotRing::try_acquire_ready() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  check_usable("SlotRing::acquire_ready");
-  TENSORXFER_CHECK(InvalidArgument, consumer_, "SlotRing::acquire_ready: only the ring's creator consumes; ",
+void SlotRing::check_consumer(const char* operation) const {
+  check_usable(operation);
+  TENSORXFER_CHECK(InvalidArgument, consumer_, operation, ": only the ring's creator consumes; ",
                    "this handle attached as a producer");
+}
+
+std::optional<ReadySlot> SlotRing::try_acquire_ready() {
+  check_consumer("SlotRing::acquire_ready");
+  std::lock_guard<std::mutex> lock(mutex_);
   return take_next_locked();
 }
 
 ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
   const auto deadline = deadline_after("SlotRing::acquire_ready", timeout);
-  check_usable("SlotRing::acquire_ready");
+  check_consumer("SlotRing::acquire_ready");
   std::optional<ReadySlot> ready;
-  const auto status = control().ready_event.await([&] { return (ready = try_acquire_ready()).has_value(); },
-                                                   deadline, spin_, [&] { watch_as_consumer(); });
+  const auto status = control().ready_event.await(
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return (ready = take_next_locked()).has_value();
+      },
+      deadline, spin_, [&] { watch_as_consumer(); });
   if (status == runtime::WaitStatus::kReady) return *ready;
   throw Timeout("SlotRing::acquire_ready: nothing was published within " + seconds_text(timeout) +
                 " (ring '" + name() + "', " + std::to_string(live_producers()) + " live producers)");
@@ -251,6 +274,7 @@ std::optional<uint32_t> SlotRing::find_ready_locked(uint64_t sequence) const {
 }
 
 std::optional<ReadySlot> SlotRing::take_next_locked() {
+  check_open("SlotRing::acquire_ready");
   const uint64_t sequence = next_sequence_;
   // acquire: orders the slot scan after observing the counter.
   const uint64_t published = control().publish_counter.load(std::memory_order_acquire);
@@ -283,11 +307,9 @@ std::optional<ReadySlot> SlotRing::take_next_locked() {
 
 void SlotRing::release(uint32_t slot) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    check_usable("SlotRing::release");
-    TENSORXFER_CHECK(InvalidArgument, consumer_, "SlotRing::release: only the ring's creator consumes; ",
-                     "this handle attached as a producer");
+    check_consumer("SlotRing::release");
     check_slot("SlotRing::release", slot);
+    std::lock_guard<std::mutex> lock(mutex_);
     const SlotWord word = load_slot_word(slot, std::memory_order_relaxed);  // relaxed: our own READING mark
     TENSORXFER_CHECK(InvalidArgument, word.state == SlotState::kReading, "SlotRing::release: slot ", slot,
                      " is not held by the consumer (state ", word.describe(),

@@ -102,7 +102,7 @@ void SlotRing::resolve_gaps_locked() {
 
 void SlotRing::watch_as_consumer() {
   std::lock_guard<std::mutex> lock(mutex_);
-  check_usable("SlotRing::acquire_ready");
+  check_open("SlotRing::acquire_ready");
   reap_dead_producers();
   resolve_gaps_locked();
   // acquire: as in take_next_locked.
@@ -125,7 +125,7 @@ void SlotRing::watch_as_consumer() {
 
 void SlotRing::watch_as_producer() {
   std::lock_guard<std::mutex> lock(mutex_);
-  check_usable("SlotRing::acquire_free");
+  check_open("SlotRing::acquire_free");
   if (!consumer_) {
     // acquire: pairs with close()'s release.
     const uint32_t state = control().consumer_state.load(std::memory_order_acquire);

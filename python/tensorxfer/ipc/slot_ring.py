@@ -50,6 +50,8 @@ class SlotRingHandle:
 
 
 def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
+    if type(value) is int and value >= low and (high is None or value < high):
+        return value  # the common case, without the (slow) ABC checks below
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
@@ -62,6 +64,8 @@ def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> i
 def _check_timeout(timeout: Optional[float], name: str = "timeout") -> Optional[float]:
     if timeout is None:
         return None
+    if type(timeout) is float and timeout >= 0:
+        return timeout  # the common case (NaN fails the comparison)
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"{name} must be None or a number of seconds, got {type(timeout).__name__}")
     timeout = float(timeout)

@@ -117,12 +117,16 @@ class SlotRing {
   runtime::SharedWord64& order_cell(uint64_t sequence) const noexcept;
   SlotWord load_slot_word(uint32_t slot, std::memory_order order) const;
 
-  void check_usable(const char* operation) const;
+  void check_open(const char* operation) const;        // not closed
+  void check_usable(const char* operation) const;      // open, and in the process that made it
+  void check_consumer(const char* operation) const;    // usable, and the consumer
   void check_slot(const char* operation, uint32_t slot) const;
   uint32_t producers_claimed() const;
   void register_producer();
   uint64_t claim_sequence();
 
+  // Producer step (mutex_ held).
+  std::optional<uint32_t> take_free_locked();
   // Consumer steps (mutex_ held).
   std::optional<ReadySlot> take_next_locked();
   std::optional<uint32_t> find_ready_locked(uint64_t sequence) const;
