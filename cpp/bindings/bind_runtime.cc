@@ -80,6 +80,10 @@ class PyHostStream {
   static constexpr double kDefaultCloseSeconds = 30.0;
 
   explicit PyHostStream(py::object engine) : engine_owner_(std::move(engine)) {
+    if (!engine_owner_.is_none() && !py::isinstance<copy::CopyEngine>(engine_owner_)) {
+      throw TypeMismatch("HostStream: engine must be a CopyEngine or None, got " +
+                         std::string(py::str(py::type::of(engine_owner_).attr("__name__"))));
+    }
     copy::CopyEngine* native = engine_owner_.is_none() ? nullptr : engine_owner_.cast<copy::CopyEngine*>();
     stream_ = std::make_unique<HostStream>(native);
   }

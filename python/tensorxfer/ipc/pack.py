@@ -56,7 +56,7 @@ def _row_shape(shape: Any, field: str) -> Tuple[int, ...]:
         return (int(shape),)
     try:
         return tuple(int(extent) for extent in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError(
             f"field {field!r}: expected a row shape (tuple of ints, () for a scalar), got {shape!r}"
         ) from None

@@ -1,0 +1,293 @@
+#include "tensorxfer/copy/pack.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensorxfer/common/error.h"
+#include "tensorxfer/copy/copy_engine.h"
+
+namespace tensorxfer::copy {
+namespace {
+
+constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+constexpr DLDataType kFloat64{kDLFloat, 64, 1};
+constexpr DLDataType kUInt8{kDLUInt, 8, 1};
+constexpr DLDataType kInt16{kDLInt, 16, 1};
+constexpr DLDataType kInt32{kDLInt, 32, 1};
+constexpr DLDataType kInt64{kDLInt, 64, 1};
+
+// A host tensor owning its bytes, filled with a per-store pattern.
+struct Store {
+  DLDataType dtype;
+  std::vector<int64_t> shape;  // (N, *row)
+  std::vector<uint8_t> bytes;
+
+  Store(DLDataType type, std::vector<int64_t> full_shape, uint32_t seed)
+      : dtype(type), shape(std::move(full_shape)) {
+    bytes.resize(view().nbytes());
+    uint32_t state = seed * 2654435761u + 17;
+    for (auto& byte : bytes) {
+      state = state * 1664525u + 1013904223u;
+      byte = static_cast<uint8_t>(state >> 24);
+    }
+  }
+  TensorView view() {
+    TensorView result;
+    result.data = bytes.data();
+    result.dtype = dtype;
+    result.shape = shape;
+    result.strides.assign(shape.size(), 1);
+    for (std::size_t i = shape.size(); i-- > 1;) result.strides[i - 1] = result.strides[i] * shape[i];
+    return result;
+  }
+};
+
+template <typename Index>
+TensorView index_view(std::vector<Index>& indices) {
+  TensorView view;
+  view.data = indices.data();
+  view.dtype = sizeof(Index) == 8 ? kInt64 : kInt32;
+  view.shape = {static_cast<int64_t>(indices.size())};
+  view.strides = {1};
+  return view;
+}
+
+// The reference: one memcpy per row, field after field.
+std::vector<uint8_t> naive_pack(const PackLayout& layout, std::vector<Store>& stores,
+                                const std::vector<int64_t>& indices) {
+  std::vector<uint8_t> packed(layout.nbytes(), 0xEE);
+  for (std::size_t f = 0; f < layout.fields().size(); ++f) {
+    const PackField& field = layout.fields()[f];
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      std::memcpy(packed.data() + field.offset + i * field.row_nbytes,
+                  stores[f].bytes.data() + indices[i] * field.row_nbytes, field.row_nbytes);
+    }
+  }
+  return packed;
+}
+
+TEST(PackLayoutTest, FieldsStartOn64ByteBoundaries) {
+  PackLayout layout({{"obs", kFloat32, {64}}, {"action", kFloat32, {8}}, {"reward", kFloat32, {}},
+                     {"mask", kUInt8, {3}}, {"done", kUInt8, {}}},
+                    5);
+  ASSERT_EQ(layout.fields().size(), 5u);
+  const auto& f = layout.fields();
+  EXPECT_EQ(f[0].name, "obs");
+  EXPECT_EQ(f[0].row_nbytes, 256u);
+  EXPECT_EQ(f[0].offset, 0u);
+  EXPECT_EQ(f[1].offset, 1280u);  // 5 * 256
+  EXPECT_EQ(f[1].row_nbytes, 32u);
+  EXPECT_EQ(f[2].offset, 1472u);  // 1280 + 160 = 1440 -> 1472
+  EXPECT_EQ(f[2].row_nbytes, 4u);
+  EXPECT_EQ(f[3].offset, 1536u);  // 1472 + 20 = 1492 -> 1536
+  EXPECT_EQ(f[4].offset, 1600u);  // 1536 + 15 = 1551 -> 1600
+  EXPECT_EQ(layout.nbytes(), 1664u);  // 1600 + 5 = 1605 -> 1664
+  for (const auto& field : f) EXPECT_EQ(field.offset % PackLayout::kAlignment, 0u) << field.name;
+  EXPECT_EQ(layout.rows(), 5);
+  EXPECT_EQ(layout.find("mask"), &f[3]);
+  EXPECT_EQ(layout.find("nope"), nullptr);
+}
+
+TEST(PackLayoutTest, EmptyRowsAndZeroRows) {
+  PackLayout no_rows({{"a", kFloat32, {4}}, {"b", kFloat32, {}}}, 0);
+  EXPECT_EQ(no_rows.nbytes(), 0u);
+  PackLayout empty_field({{"a", kFloat32, {0}}, {"b", kUInt8, {}}}, 3);
+  EXPECT_EQ(empty_field.fields()[0].row_nbytes, 0u);
+  EXPECT_EQ(empty_field.fields()[1].offset, 0u);
+  EXPECT_EQ(empty_field.nbytes(), 64u);
+}
+
+TEST(PackLayoutTest, RefusesBadSpecs) {
+  EXPECT_THROW(PackLayout({}, 4), InvalidArgument);
+  EXPECT_THROW(PackLayout({{"a", kFloat32, {}}}, -1), InvalidArgument);
+  EXPECT_THROW(PackLayout({{"a", kFloat32, {}}, {"a", kFloat32, {2}}}, 4), InvalidArgument);
+  EXPECT_THROW(PackLayout({{"", kFloat32, {}}}, 4), InvalidArgument);
+  try {
+    PackLayout({{"obs", kFloat32, {4, -2}}}, 4);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("'obs'"), std::string::npos) << error.what();
+  }
+}
+
+struct GatherCase {
+  int64_t rows;
+  int64_t store_rows;
+  bool with_engine;
+  bool wide_indices;
+};
+
+class PackGatherTest : public ::testing::TestWithParam<GatherCase> {};
+
+TEST_P(PackGatherTest, MatchesANaiveLoop) {
+  const GatherCase c = GetParam();
+  PackLayout layout({{"obs", kFloat32, {1024}},   // 4 KiB rows: prefetch path
+                     {"act", kFloat64, {3}},      // 24 bytes
+                     {"rew", kFloat32, {}},       // 4 bytes
+                     {"odd", kUInt8, {5}},        // 5 bytes: unaligned rows
+                     {"img", kInt16, {3, 43}}},   // 258 bytes
+                    c.rows);
+  std::vector<Store> stores;
+  uint32_t seed = 1;
+  for (const auto& field : layout.fields()) {
+    std::vector<int64_t> shape{c.store_rows};
+    shape.insert(shape.end(), field.row_shape.begin(), field.row_shape.end());
+    stores.emplace_back(field.dtype, shape, seed++);
+  }
+  std::mt19937_64 random(c.rows);
+  std::vector<int64_t> indices(static_cast<std::size_t>(c.rows));
+  for (auto& index : indices) index = static_cast<int64_t>(random() % c.store_rows);
+  if (!indices.empty()) {
+    indices.front() = 0;
+    indices.back() = c.store_rows - 1;
+  }
+  std::vector<PackSource> sources;
+  for (std::size_t f = 0; f < stores.size(); ++f) sources.push_back({layout.fields()[f].name, stores[f].view()});
+  // Unaligned dst start + slack beyond nbytes that must stay untouched.
+  std::vector<uint8_t> buffer(layout.nbytes() + 129, 0xEE);
+  CopyEngine engine(2);
+  uint8_t* const start = buffer.data() + 1;
+  TensorView dst = TensorView::bytes(start, layout.nbytes() + 64);
+  if (c.wide_indices) {
+    pack_rows(dst, layout, sources, index_view(indices), c.with_engine ? &engine : nullptr);
+  } else {
+    std::vector<int32_t> narrow(indices.begin(), indices.end());
+    pack_rows(dst, layout, sources, index_view(narrow), c.with_engine ? &engine : nullptr);
+  }
+  const auto expected = naive_pack(layout, stores, indices);
+  for (const auto& field : layout.fields()) {
+    ASSERT_EQ(0, std::memcmp(start + field.offset, expected.data() + field.offset, field.nbytes))
+        << "field " << field.name;
+  }
+  EXPECT_EQ(buffer[0], 0xEE);
+  for (std::size_t i = 1 + layout.nbytes(); i < buffer.size(); ++i) ASSERT_EQ(buffer[i], 0xEE) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PackGatherTest,
+                         ::testing::Values(GatherCase{0, 10, true, true}, GatherCase{1, 1, true, true},
+                                           GatherCase{7, 100, false, false},
+                                           GatherCase{300, 1000, true, false},
+                                           GatherCase{1500, 2500, true, true},  // > 4 MiB: streaming
+                                           GatherCase{1500, 2500, false, true}));
+
+class PackErrorsTest : public ::testing::Test {
+ protected:
+  PackErrorsTest()
+      : layout_({{"obs", kFloat32, {4}}, {"rew", kFloat32, {}}}, 3),
+        obs_(kFloat32, {10, 4}, 1),
+        rew_(kFloat32, {6, 1}, 2),  // reshaped below to (6,)
+        buffer_(layout_.nbytes(), 0xAB),
+        indices_{1, 2, 3} {
+    rew_.shape = {6};
+  }
+
+  std::vector<PackSource> sources() { return {{"obs", obs_.view()}, {"rew", rew_.view()}}; }
+  TensorView dst() { return TensorView::bytes(buffer_.data(), buffer_.size()); }
+  bool dst_untouched() const {
+    for (uint8_t byte : buffer_) {
+      if (byte != 0xAB) return false;
+    }
+    return true;
+  }
+  template <typename Exception>
+  std::string error_of(const std::vector<PackSource>& given, TensorView indices, TensorView out) {
+    try {
+      pack_rows(out, layout_, given, indices, &engine_);
+    } catch (const Exception& error) {
+      EXPECT_TRUE(dst_untouched());
+      return error.what();
+    }
+    ADD_FAILURE() << "expected an exception";
+    return "";
+  }
+
+  PackLayout layout_;
+  Store obs_, rew_;
+  std::vector<uint8_t> buffer_;
+  std::vector<int64_t> indices_;
+  CopyEngine engine_{2};
+};
+
+TEST_F(PackErrorsTest, OutOfRangeIndexIsCaughtBeforeAnyWrite) {
+  indices_ = {0, 5, 6};  // 6 is fine for obs (10 rows) but not for rew (6 rows)
+  const std::string message = error_of<InvalidArgument>(sources(), index_view(indices_), dst());
+  EXPECT_NE(message.find("indices[2] = 6"), std::string::npos) << message;
+  EXPECT_NE(message.find("sources['rew'] with 6 rows"), std::string::npos) << message;
+  indices_ = {0, -1, 1};
+  EXPECT_NE(error_of<InvalidArgument>(sources(), index_view(indices_), dst()).find("indices[1] = -1"),
+            std::string::npos);
+  std::vector<int32_t> narrow{9, 0, 1};
+  EXPECT_NE(error_of<InvalidArgument>(sources(), index_view(narrow), dst()).find("indices[0] = 9"),
+            std::string::npos);
+}
+
+TEST_F(PackErrorsTest, SourcesMustMatchTheLayout) {
+  auto given = sources();
+  given.pop_back();
+  EXPECT_NE(error_of<InvalidArgument>(given, index_view(indices_), dst()).find("missing field 'rew'"),
+            std::string::npos);
+  given = sources();
+  given.push_back({"extra", rew_.view()});
+  EXPECT_NE(error_of<InvalidArgument>(given, index_view(indices_), dst()).find("'extra' is not a field"),
+            std::string::npos);
+  given = sources();
+  given.push_back({"obs", obs_.view()});
+  EXPECT_NE(error_of<InvalidArgument>(given, index_view(indices_), dst()).find("'obs' is given twice"),
+            std::string::npos);
+}
+
+TEST_F(PackErrorsTest, DtypeAndShapeMismatchesNameTheField) {
+  Store wrong_dtype(kFloat64, {10, 4}, 3);
+  std::vector<PackSource> given{{"obs", wrong_dtype.view()}, {"rew", rew_.view()}};
+  const std::string dtype_message = error_of<TypeMismatch>(given, index_view(indices_), dst());
+  EXPECT_NE(dtype_message.find("sources['obs']: expected dtype float32, got float64"), std::string::npos)
+      << dtype_message;
+  Store wrong_shape(kFloat32, {10, 5}, 4);
+  given = {{"obs", wrong_shape.view()}, {"rew", rew_.view()}};
+  const std::string shape_message = error_of<InvalidArgument>(given, index_view(indices_), dst());
+  EXPECT_NE(shape_message.find("sources['obs']: expected shape (N, *(4,)), got (10, 5)"), std::string::npos)
+      << shape_message;
+  Store scalar_as_column(kFloat32, {6, 1}, 5);
+  given = {{"obs", obs_.view()}, {"rew", scalar_as_column.view()}};
+  EXPECT_NE(error_of<InvalidArgument>(given, index_view(indices_), dst()).find("sources['rew']"),
+            std::string::npos);
+}
+
+TEST_F(PackErrorsTest, DstAndIndicesAreChecked) {
+  TensorView small = TensorView::bytes(buffer_.data(), layout_.nbytes() - 1);
+  EXPECT_NE(error_of<InvalidArgument>(sources(), index_view(indices_), small).find("at least layout.nbytes"),
+            std::string::npos);
+  TensorView readonly = dst();
+  readonly.readonly = true;
+  EXPECT_NE(error_of<InvalidArgument>(sources(), index_view(indices_), readonly).find("writable"),
+            std::string::npos);
+  std::vector<int64_t> too_few{1, 2};
+  EXPECT_NE(error_of<InvalidArgument>(sources(), index_view(too_few), dst()).find("expected shape (3,)"),
+            std::string::npos);
+  std::vector<float> float_indices{1, 2, 3};
+  TensorView float_view = TensorView::bytes(float_indices.data(), 12);
+  float_view.dtype = kFloat32;
+  float_view.shape = {3};
+  EXPECT_NE(error_of<TypeMismatch>(sources(), float_view, dst()).find("int32 or int64"), std::string::npos);
+}
+
+TEST_F(PackErrorsTest, DstOverlappingASourceIsRefused) {
+  TensorView overlapping = TensorView::bytes(obs_.bytes.data(), layout_.nbytes());
+  ASSERT_LE(layout_.nbytes(), obs_.bytes.size());
+  const auto before = obs_.bytes;
+  try {
+    pack_rows(overlapping, layout_, sources(), index_view(indices_), nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("dst overlaps sources['obs']"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(before == obs_.bytes);
+}
+
+}  // namespace
+}  // namespace tensorxfer::copy
