@@ -83,8 +83,18 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
+def _wait_for_exec(pid: int, command: str, timeout: float = 5.0) -> None:
+    """Waits until the child ``pid`` runs ``command`` (until then it is a copy of us, mid-exec)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while _read_text(f"/proc/{pid}/comm") != command and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _first_mapping_start(pid: int) -> int:
     # The first line of /proc/<pid>/maps is the executable's ELF header page.
+    _wait_for_exec(pid, "sleep")
     with open(f"/proc/{pid}/maps", encoding="ascii") as maps:
         first = maps.readline()
     return int(first.split("-", 1)[0], 16)

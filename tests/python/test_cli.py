@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -73,10 +74,18 @@ def test_info_hugepages_agree_with_meminfo(info):
     assert info["hugepages"]["explicit_available"] == (free > 0)
 
 
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as handle:
+        return handle.read().strip()
+
+
 def _can_read_child_memory() -> bool:
     """Independent probe: read a child's ELF header through /proc/<pid>/mem (same ptrace check)."""
     child = subprocess.Popen(["sleep", "30"])
     try:
+        deadline = time.monotonic() + 5.0
+        while _comm(child.pid) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.001)  # until exec has replaced the forked copy of this process
         with open(f"/proc/{child.pid}/maps") as maps:
             start = int(maps.readline().split("-", 1)[0], 16)
         with open(f"/proc/{child.pid}/mem", "rb") as mem:

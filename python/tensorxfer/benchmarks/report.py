@@ -185,20 +185,20 @@ def plot_comparisons(report: Report, path: Path) -> bool:
     comparisons = report.comparisons
     if not comparisons:
         return False
-    labels = [f"{c.case}\n{c.metric}: {c.candidate}\nvs {c.baseline}" for c in comparisons]
+    labels = [f"{c.case} | {c.metric}\n{c.candidate} vs {c.baseline}" for c in comparisons]
     colors = ["tab:gray" if c.met is None else ("tab:green" if c.met else "tab:red") for c in comparisons]
-    figure, axes = plt.subplots(figsize=(max(8.0, 1.3 * len(comparisons)), 6.0))
-    positions = range(len(comparisons))
-    axes.bar(positions, [c.ratio for c in comparisons], color=colors)
-    for index, c in enumerate(comparisons):
+    figure, axes = plt.subplots(figsize=(11.0, 1.5 + 0.42 * len(comparisons)))
+    positions = list(range(len(comparisons)))[::-1]  # first comparison at the top
+    axes.barh(positions, [c.ratio for c in comparisons], color=colors, height=0.7)
+    for position, c in zip(positions, comparisons):
         if c.target is not None:
-            axes.hlines(c.target, index - 0.4, index + 0.4, colors="black", linestyles="dashed")
-        axes.annotate(f"{c.ratio:.2f}x", (index, c.ratio), ha="center", va="bottom", fontsize=8)
-    axes.axhline(1.0, color="gray", linewidth=0.8)
-    axes.set_xticks(list(positions))
-    axes.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    axes.set_yscale("log")
-    axes.set_ylabel("ratio (>1: tensorxfer better; dashed: target)")
+            axes.vlines(c.target, position - 0.42, position + 0.42, colors="black", linestyles="dashed")
+        axes.annotate(f" {c.ratio:.2f}x", (c.ratio, position), va="center", fontsize=7)
+    axes.axvline(1.0, color="gray", linewidth=0.8)
+    axes.set_yticks(positions)
+    axes.set_yticklabels(labels, fontsize=6.5)
+    axes.set_xscale("log")
+    axes.set_xlabel("ratio, log scale (>1: tensorxfer better; dashed: target; green met, red missed, gray no target)")
     axes.set_title(report.title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

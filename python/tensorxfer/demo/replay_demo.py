@@ -163,6 +163,7 @@ def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]],
                                                                       options.seed))
         ring = SlotRing.create(depth=options.ring_depth, slot_nbytes=replay_store.PAYLOAD_OFFSET + layout.nbytes)
         cleanup.callback(ring.close)
+        cleanup.callback(backend.close)  # again (idempotent): unpin the ring's slots before the ring goes
         use_torch = str(getattr(backend, "device_family", "cpu")) != "cpu"
         configs = [CollectorConfig(i, options.collectors, ring.handle, store.handles, options.obs_dim,
                                    options.batch_rows, options.seed) for i in range(options.collectors)]
