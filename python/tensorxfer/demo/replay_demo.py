@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import shutil
 import signal
 import sys
 import threading
@@ -241,23 +242,34 @@ def format_summary(summary: dict) -> str:
 
 
 class _Progress:
-    """tqdm when installed and stderr is a terminal, else a plain status line; silent otherwise."""
+    """tqdm when installed and stderr is a terminal, else a plain status line; silent otherwise.
+
+    The bar appears with the first batch, so collector start-up does not count in its rate.
+    """
 
     def __init__(self, options: DemoOptions) -> None:
         self.enabled = sys.stderr.isatty()
+        self.total = options.batches
         self.bar: Any = None
+        self.shown = False
         self.last = 0.0
-        if not self.enabled:
-            return
+
+    def _make_bar(self) -> Any:
         try:
             from tqdm import tqdm
         except ImportError:
-            return
-        self.bar = tqdm(total=options.batches, unit="batch", file=sys.stderr, dynamic_ncols=True)
+            return None
+        # A pseudo-terminal may report a 0 x 0 size; tqdm then draws nothing.
+        columns, lines = shutil.get_terminal_size((80, 24))
+        return tqdm(total=self.total, unit="batch", file=sys.stderr,
+                    ncols=columns if columns > 0 else 80, nrows=lines if lines > 0 else 24)
 
     def __call__(self, stats: LearnerStats) -> None:
         if not self.enabled:
             return
+        if not self.shown:
+            self.shown = True
+            self.bar = self._make_bar()
         if self.bar is not None:
             self.bar.update(stats.batches - self.bar.n)
             return
@@ -270,7 +282,7 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled:
+        elif self.shown:
             sys.stderr.write("\n")
 
 
