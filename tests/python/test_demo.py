@@ -43,6 +43,9 @@ def test_demo_cli_runs_and_verifies_every_batch():
     assert summary["verified"] == summary["batches"]
     assert summary["batches_per_s"] > 0 and summary["gb_per_s"] > 0
     assert 0 < summary["handoff_latency_us"]["p50"] <= summary["handoff_latency_us"]["p99"]
+    waiting = summary["handoff_latency_waiting_us"]
+    assert 0 <= waiting["batches"] <= summary["batches"]
+    assert (waiting["p50"] is None) == (waiting["batches"] == 0)
     assert 0.0 <= summary["hidden_share"] <= 1.0
     assert summary["backend"] == "HostReplayTransferBackend"
     layout = replay_store.batch_layout(16, 64)

@@ -31,6 +31,7 @@ class LearnerStats:
     verified: int = 0
     elapsed_s: float = 0.0
     handoff_ns: List[int] = dataclasses.field(default_factory=list)
+    waiting_handoff_ns: List[int] = dataclasses.field(default_factory=list)
     submit_s: List[float] = dataclasses.field(default_factory=list)
     exposed_wait_s: List[float] = dataclasses.field(default_factory=list)
     compute_s: List[float] = dataclasses.field(default_factory=list)
@@ -98,6 +99,7 @@ class Learner:
         previous: Optional[tuple] = None
         while (max_batches is None or stats.batches < max_batches) and time.perf_counter() - begin < seconds:
             self.collectors_alive()
+            wait_begin_ns = time.monotonic_ns()
             try:
                 slot, tick = self.ring.acquire_ready(timeout=_ACQUIRE_POLL_S)
             except TimeoutError:
@@ -111,6 +113,8 @@ class Learner:
             last_batch = time.perf_counter()
             collector, publish_ns = self._check_header(slot, tick)
             stats.handoff_ns.append(received_ns - publish_ns)
+            if publish_ns >= wait_begin_ns:  # published while the learner was already waiting
+                stats.waiting_handoff_ns.append(received_ns - publish_ns)
             device_slot = stats.batches % self.depth
             metadata = _metadata(device_slot, stats.batches, self.rows, collector, publish_ns)
             stats.submit_s.append(self.backend.submit_h2d(

@@ -199,6 +199,8 @@ def summarize(stats: LearnerStats, options: DemoOptions, backend: Any, batch_nby
         "batch_bytes": batch_nbytes,
         "store_bytes": store_nbytes,
         "handoff_latency_us": percentiles_us(stats.handoff_ns),
+        "handoff_latency_waiting_us": {**percentiles_us(stats.waiting_handoff_ns),
+                                       "batches": len(stats.waiting_handoff_ns)},
         "submit_cpu_us_p50": float(np.median(stats.submit_s)) * 1e6 if stats.submit_s else None,
         "transfer_ms_calibrated": stats.transfer_s_calibrated * 1e3,
         "exposed_wait_ms_p50": float(np.median(stats.exposed_wait_s)) * 1e3 if stats.exposed_wait_s else None,
@@ -223,6 +225,7 @@ def format_summary(summary: dict) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     latency = summary["handoff_latency_us"]
+    waiting = summary["handoff_latency_waiting_us"]
     hidden = summary["hidden_share"]
     return "\n".join([
         f"replay demo: {summary['verified']} of {summary['batches']} batches verified in {summary['seconds']:.1f} s "
@@ -232,6 +235,9 @@ def format_summary(summary: dict) -> str:
         f"  throughput  {summary['batches_per_s']:.1f} batches/s, {summary['gb_per_s']:.3f} GB/s",
         f"  handoff     p50 {number(latency['p50'], '.1f')} us, p99 {number(latency['p99'], '.1f')} us "
         "(collector publish -> learner acquire_ready, including time queued in the ring)",
+        *([f"              p50 {number(waiting['p50'], '.1f')} us, p99 {number(waiting['p99'], '.1f')} us for the "
+           f"{waiting['batches']} batches published while the learner was already waiting"]
+          if waiting["batches"] else []),
         f"  transfer    {summary['transfer_ms_calibrated']:.3f} ms per batch alone, submit "
         f"{number(summary['submit_cpu_us_p50'], '.1f')} us CPU, exposed wait p50 "
         f"{number(summary['exposed_wait_ms_p50'], '.3f')} ms",
