@@ -93,12 +93,20 @@ class Report:
     """Collects measurements and comparisons of one benchmark run."""
 
     def __init__(self, title: str, config: Mapping[str, Any] | None = None) -> None:
-        """``title`` names the benchmark; ``config`` (sizes, repeats) goes into the JSON."""
+        """``title`` names the benchmark; ``config`` (sizes, repeats) goes into the JSON.
+
+        A machine already busy at the start (1-minute load average above half
+        its CPUs) is noted, since every ratio is then noisier.
+        """
         self.title = title
         self.config = dict(config or {})
         self.measurements: list[Measurement] = []
         self.comparisons: list[Comparison] = []
         self.notes: list[str] = []
+        load, cpus = os.getloadavg()[0], len(os.sched_getaffinity(0))
+        if load > cpus / 2:
+            self.note(f"the machine was busy when the run started (load average {load:.1f} on {cpus} CPUs): "
+                      "expect noisy numbers")
 
     def add(self, case: str, variant: str, metric: str, samples: Sequence[float], unit: str,
             *, lower_is_better: bool, value: float | None = None) -> Measurement:
@@ -213,6 +221,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": len(os.sched_getaffinity(0)),
         "cpu_model": _cpu_model(),
+        "load_average_1_5_15": list(os.getloadavg()),
     }
     for module in ("numpy", "torch", "tensorxfer"):
         try:
