@@ -54,7 +54,7 @@ void yield_processor() noexcept { ::sched_yield(); }
 SpinPolicy::SpinPolicy(bool adaptive, std::chrono::nanoseconds fixed) noexcept
     : adaptive_(adaptive),
       fixed_ns_(fixed.count()),
-      average_wait_ns_(std::chrono::nanoseconds(kAdaptiveInitial).count() / 2) {}
+      average_wait_ns_(std::chrono::nanoseconds(kAdaptiveInitial).count() / 4) {}
 
 SpinPolicy SpinPolicy::fixed(std::chrono::microseconds budget) {
   TENSORXFER_CHECK(InvalidArgument, budget.count() >= 0 && budget <= kFixedMax,
@@ -89,7 +89,7 @@ std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
   const int64_t cap = std::chrono::nanoseconds(kAdaptiveMax).count();
   if (average > cap) return kAdaptiveFloor;
   return std::chrono::nanoseconds(std::clamp<int64_t>(
-      2 * average, std::chrono::nanoseconds(kAdaptiveFloor).count(), cap));
+      4 * average, std::chrono::nanoseconds(kAdaptiveMinSpin).count(), cap));
 }
 
 void SpinPolicy::record_wait(std::chrono::nanoseconds waited) noexcept {

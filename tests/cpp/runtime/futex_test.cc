@@ -105,8 +105,10 @@ TEST(SpinPolicyTest, AdaptiveBudgetFollowsRecentWaits) {
   SpinPolicy spin = SpinPolicy::adaptive();
   EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveInitial);
   for (int i = 0; i < 100; ++i) spin.record_wait(10us);
-  EXPECT_GE(spin.budget(), 15us);  // about twice the typical wait
-  EXPECT_LE(spin.budget(), 25us);
+  EXPECT_GE(spin.budget(), 35us);  // about four times the typical wait
+  EXPECT_LE(spin.budget(), 45us);
+  for (int i = 0; i < 100; ++i) spin.record_wait(1us);
+  EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveMinSpin);
   for (int i = 0; i < 100; ++i) spin.record_wait(5ms);  // spinning would not pay off
   EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveFloor);
   for (int i = 0; i < 100; ++i) spin.record_wait(60us);
