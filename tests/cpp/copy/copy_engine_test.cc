@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -55,7 +56,7 @@ TEST_P(CopyEngineSizesTest, CopiesEverySizeExactly) {
       const auto source = pattern(nbytes + misalign, static_cast<uint32_t>(nbytes));
       std::vector<uint8_t> target(nbytes + 2 * kGuard + misalign, 0xA5);
       engine.copy(target.data() + kGuard + misalign, source.data() + misalign, nbytes);
-      EXPECT_EQ(0, std::memcmp(target.data() + kGuard + misalign, source.data() + misalign, nbytes));
+      EXPECT_TRUE(std::equal(source.begin() + misalign, source.end(), target.begin() + kGuard + misalign));
       for (std::size_t i = 0; i < kGuard + misalign; ++i) ASSERT_EQ(target[i], 0xA5) << i;
       for (std::size_t i = kGuard + misalign + nbytes; i < target.size(); ++i) ASSERT_EQ(target[i], 0xA5) << i;
     }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -161,7 +162,8 @@ TEST_P(PackGatherTest, MatchesANaiveLoop) {
   }
   const auto expected = naive_pack(layout, stores, indices);
   for (const auto& field : layout.fields()) {
-    ASSERT_EQ(0, std::memcmp(start + field.offset, expected.data() + field.offset, field.nbytes))
+    ASSERT_TRUE(std::equal(start + field.offset, start + field.offset + field.nbytes,
+                           expected.begin() + static_cast<std::ptrdiff_t>(field.offset)))
         << "field " << field.name;
   }
   EXPECT_EQ(buffer[0], 0xEE);
