@@ -64,6 +64,24 @@ def test_run_demo_stops_after_batch_limit_and_text_summary():
 
 
 @pytest.mark.multiprocess
+def test_run_demo_with_torch_slots_through_the_torch_copy_backend():
+    torch = pytest.importorskip("torch")
+    from tensorxfer.demo.replay_demo import run_demo
+    from tensorxfer.ipc.replay_pipelines.transfer import TorchCopyReplayTransferBackend
+
+    built = []
+
+    def factory(*, device, ring_depth):
+        built.append(TorchCopyReplayTransferBackend(device=device, ring_depth=ring_depth))
+        return built[-1]
+
+    summary = run_demo(small_options(seconds=60.0, batches=15), backend_factory=factory)
+    assert summary["backend"] == "TorchCopyReplayTransferBackend"
+    assert summary["batches"] == 15 and summary["verified"] == 15
+    assert built and built[0].device == torch.device("cpu")
+
+
+@pytest.mark.multiprocess
 def test_collector_death_makes_learner_fail_with_peer_lost():
     from tensorxfer import PeerLost
     from tensorxfer.demo.replay_demo import run_demo

@@ -142,21 +142,27 @@ class _Collectors:
 
 
 def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]], None]] = None,
-             on_batch: Optional[Callable[[LearnerStats], None]] = None) -> dict:
+             on_batch: Optional[Callable[[LearnerStats], None]] = None,
+             backend_factory: Optional[Callable[..., Any]] = None) -> dict:
     """Runs the pipeline; returns the summary dict.  Raises BatchMismatch, PeerLost, TimeoutError.
 
     ``on_started(collector_pids)`` runs once every collector is ready;
-    ``on_batch(stats)`` after every batch (progress display).  Every shared
-    segment is released and every collector stopped before this returns or raises.
+    ``on_batch(stats)`` after every batch (progress display);
+    ``backend_factory(device=..., ring_depth=...)`` builds the transfer backend
+    (default ``build_replay_transfer_backend``).  The host backend gets numpy
+    slots, any other backend torch tensors.  Every shared segment is released
+    and every collector stopped before this returns or raises.
     """
     options.validate()
     from tensorxfer.ipc import SlotRing
-    from tensorxfer.ipc.replay_pipelines.transfer import build_replay_transfer_backend
+    from tensorxfer.ipc.replay_pipelines.transfer import HostReplayTransferBackend, build_replay_transfer_backend
+
+    backend_factory = backend_factory or build_replay_transfer_backend
 
     layout = replay_store.batch_layout(options.obs_dim, options.batch_rows)
     with contextlib.ExitStack() as cleanup:
         try:
-            backend = build_replay_transfer_backend(device=options.device, ring_depth=options.ring_depth)
+            backend = backend_factory(device=options.device, ring_depth=options.ring_depth)
         except (ValueError, TypeError) as error:
             raise DemoUsageError(f"--device {options.device!r}: {error}") from error
         cleanup.callback(backend.close)
@@ -165,7 +171,7 @@ def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]],
         ring = SlotRing.create(depth=options.ring_depth, slot_nbytes=replay_store.PAYLOAD_OFFSET + layout.nbytes)
         cleanup.callback(ring.close)
         cleanup.callback(backend.close)  # again (idempotent): unpin the ring's slots before the ring goes
-        use_torch = str(getattr(backend, "device_family", "cpu")) != "cpu"
+        use_torch = not isinstance(backend, HostReplayTransferBackend)
         configs = [CollectorConfig(i, options.collectors, ring.handle, store.handles, options.obs_dim,
                                    options.batch_rows, options.seed) for i in range(options.collectors)]
         collectors = _Collectors(multiprocessing.get_context("spawn"), configs)
