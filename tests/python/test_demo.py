@@ -202,3 +202,19 @@ def test_options_validation_names_the_option():
         small_options(seconds=0).validate()
     with pytest.raises(ValueError, match="--batches must be >= 1, got 0"):
         small_options(batches=0).validate()
+
+
+@pytest.mark.parametrize("error, code, text", [
+    (replay_store.BatchMismatch("batch of tick 3: field 'obs' differs"), 1, "batch verification: batch of tick 3"),
+    (TimeoutError("no batch from any collector for 10 s"), 3, "TimeoutError: no batch from any collector"),
+])
+def test_main_maps_failures_to_exit_codes(monkeypatch, capsys, error, code, text):
+    from tensorxfer.demo import replay_demo
+
+    def failing_run(options, **kwargs):
+        raise error
+
+    monkeypatch.setattr(replay_demo, "run_demo", failing_run)
+    assert replay_demo.main(["--seconds", "1"]) == code
+    err = capsys.readouterr().err
+    assert "replay demo FAILED" in err and text in err
