@@ -277,6 +277,7 @@ void CopyEngine::parallel_for(std::size_t count, std::size_t grain, const RangeF
   State& state = *state_;
   if (count <= grain || max_parallelism_ < 2 || tls_running_engine == &state || in_forked_child()) {
     for (std::size_t begin = 0; begin < count; begin += grain) fn(begin, std::min(count, begin + grain));
+    detail::streaming_fence();
     return;
   }
   std::lock_guard<std::mutex> submit(state.submit_mutex);

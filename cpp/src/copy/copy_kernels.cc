@@ -14,25 +14,51 @@ namespace {
 
 constexpr std::size_t kLine = 64;
 
-// AVX2 body: destination 64-byte aligned, length a multiple of 64.
+constexpr std::size_t kPage = 4096;
+
+// AVX2 body: destination 64-byte aligned, length a multiple of 64. Copies two
+// 4 KiB spans side by side (two independent streams keep more loads in
+// flight than one) and prefetches the next two 128-byte sets of each; this
+// beat glibc's non-temporal memcpy single-threaded on the machines measured
+// (see bench/cpp/copy_bench.cc).
 __attribute__((target("avx2"))) void stream_lines_avx2(char* dst, const char* src,
                                                        std::size_t nbytes) noexcept {
-  for (std::size_t offset = 0; offset < nbytes; offset += 2 * kLine) {
-    if (offset + 2 * kLine > nbytes) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset + 32));
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset), a);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset + 32), b);
-      break;
+  std::size_t done = 0;
+  for (; done + 2 * kPage <= nbytes; done += 2 * kPage) {
+    const char* in = src + done;
+    char* out = dst + done;
+    for (std::size_t offset = 0; offset < kPage; offset += 2 * kLine) {
+      _mm_prefetch(in + offset + 128, _MM_HINT_T0);
+      _mm_prefetch(in + offset + 192, _MM_HINT_T0);
+      _mm_prefetch(in + offset + 256, _MM_HINT_T0);
+      _mm_prefetch(in + offset + 320, _MM_HINT_T0);
+      _mm_prefetch(in + kPage + offset + 128, _MM_HINT_T0);
+      _mm_prefetch(in + kPage + offset + 192, _MM_HINT_T0);
+      _mm_prefetch(in + kPage + offset + 256, _MM_HINT_T0);
+      _mm_prefetch(in + kPage + offset + 320, _MM_HINT_T0);
+      const auto* a = reinterpret_cast<const __m256i*>(in + offset);
+      const auto* b = reinterpret_cast<const __m256i*>(in + kPage + offset);
+      const __m256i a0 = _mm256_loadu_si256(a), a1 = _mm256_loadu_si256(a + 1);
+      const __m256i a2 = _mm256_loadu_si256(a + 2), a3 = _mm256_loadu_si256(a + 3);
+      const __m256i b0 = _mm256_loadu_si256(b), b1 = _mm256_loadu_si256(b + 1);
+      const __m256i b2 = _mm256_loadu_si256(b + 2), b3 = _mm256_loadu_si256(b + 3);
+      auto* x = reinterpret_cast<__m256i*>(out + offset);
+      auto* y = reinterpret_cast<__m256i*>(out + kPage + offset);
+      _mm256_stream_si256(x, a0);
+      _mm256_stream_si256(x + 1, a1);
+      _mm256_stream_si256(x + 2, a2);
+      _mm256_stream_si256(x + 3, a3);
+      _mm256_stream_si256(y, b0);
+      _mm256_stream_si256(y + 1, b1);
+      _mm256_stream_si256(y + 2, b2);
+      _mm256_stream_si256(y + 3, b3);
     }
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset + 32));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset + 64));
-    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + offset + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + offset + 96), d);
+  }
+  for (; done < nbytes; done += kLine) {
+    const auto* a = reinterpret_cast<const __m256i*>(src + done);
+    const __m256i a0 = _mm256_loadu_si256(a), a1 = _mm256_loadu_si256(a + 1);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + done), a0);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + done) + 1, a1);
   }
 }
 
