@@ -29,10 +29,11 @@ struct CopyEngineOptions {
   // concurrency (at least 2). More runnable copy threads than cores only adds
   // preemption in the middle of a chunk, which delays the whole job.
   std::size_t max_parallelism = 0;
-  // copy() below this many bytes is a plain memcpy on the calling thread: below
-  // it, handing work to other threads costs more than it saves (measured with
-  // bench/cpp/copy_bench.cc).
-  std::size_t parallel_threshold = std::size_t{1} << 20;
+  // copy() below this many bytes is a plain memcpy on the calling thread.
+  // Measured with bench/cpp/copy_bench.cc on 2 cores: splitting 256 KiB breaks
+  // even, 512 KiB takes 12 us instead of 18 (spinning workers; a sleeping
+  // worker adds ~8 us), 1 MiB 22 us instead of 60.
+  std::size_t parallel_threshold = std::size_t{512} << 10;
   // A parallel copy is handed out in chunks of this many bytes.
   std::size_t chunk_bytes = std::size_t{256} << 10;
   // Copies of at least this many bytes use streaming (non-temporal) stores:
