@@ -17,6 +17,7 @@ returns zero-copy views of the packed fields.
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import threading
@@ -53,10 +54,10 @@ def _dtype_name(dtype: Any, field: str) -> str:
 
 def _row_shape(shape: Any, field: str) -> Tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
-        return (int(shape),)
+        return (operator.index(shape),)
     try:
-        return tuple(int(extent) for extent in shape)
-    except (TypeError, ValueError):
+        return tuple(operator.index(extent) for extent in shape)
+    except TypeError:
         raise TypeError(
             f"field {field!r}: expected a row shape (tuple of ints, () for a scalar), got {shape!r}"
         ) from None
@@ -83,7 +84,10 @@ class PackLayout:
             if not isinstance(spec, (tuple, list)) or len(spec) != 2:
                 raise TypeError(f"field {name!r}: expected (dtype, row_shape), got {spec!r}")
             specs.append((name, _dtype_name(spec[0], name), _row_shape(spec[1], name)))
-        rows = int(rows)
+        try:
+            rows = operator.index(rows)
+        except TypeError:
+            raise TypeError(f"rows: expected an integer, got {rows!r}") from None
         self._native = _core.PackLayout(specs, rows)
         described = self._native.fields
         self._fields: Dict[str, Tuple[str, Tuple[int, ...]]] = {

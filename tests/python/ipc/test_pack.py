@@ -62,6 +62,8 @@ def test_layout_accepts_numpy_and_torch_dtypes_and_int_shapes():
         ({"a": "float32"}, 4, TypeError, r"field 'a': expected \(dtype, row_shape\)"),
         ({"a": (None, ())}, 4, TypeError, "got None"),
         ({"a": ("float32", "x")}, 4, TypeError, "field 'a': expected a row shape"),
+        ({"a": ("float32", (2.5,))}, 4, TypeError, "field 'a': expected a row shape"),
+        ({"a": ("float32", ())}, 4.5, TypeError, "rows: expected an integer"),
     ],
 )
 def test_layout_refuses_bad_specs(fields, rows, error, match):
