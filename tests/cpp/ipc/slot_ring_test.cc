@@ -16,44 +16,23 @@
 #include <thread>
 #include <vector>
 
+#include "support/process.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::ipc {
 namespace {
 
+using tensorxfer::testing::fork_child;
+using tensorxfer::testing::shm_name_exists;
+using tensorxfer::testing::wait_exit_code;
+
 using namespace std::chrono_literals;
 using runtime::SpinPolicy;
-
-bool name_exists(const std::string& name) {
-  struct stat info {};
-  return ::stat(("/dev/shm" + name).c_str(), &info) == 0;
-}
 
 double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
 
-template <typename Body>
-pid_t fork_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = body();
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "child failed: %s\n", error.what());
-      code = 98;
-    }
-    ::_exit(code);
-  }
-  return pid;
-}
-
-int wait_exit_code(pid_t pid) {
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 // A pipe for one-way notes between a parent and a forked child.
 struct Pipe {
@@ -274,7 +253,7 @@ TEST(SlotRingTest, ForkedChildCannotUseTheParentsObject) {
     return 0;
   });
   ASSERT_EQ(wait_exit_code(child), 0);
-  EXPECT_TRUE(name_exists(name));
+  EXPECT_TRUE(shm_name_exists(name));
   auto producer = SlotRing::attach(name);  // still open
   EXPECT_NO_THROW((void)producer->acquire_free(1s));
 }
@@ -390,7 +369,7 @@ TEST(SlotRingTest, ProducerGetsPeerLostWhenTheConsumerIsKilled) {
     EXPECT_NE(std::string(error.what()).find("the consumer"), std::string::npos) << error.what();
   }
   EXPECT_LT(elapsed_ms(start), 1000.0);
-  EXPECT_FALSE(name_exists(name));  // the survivor removed the dead creator's segment
+  EXPECT_FALSE(shm_name_exists(name));  // the survivor removed the dead creator's segment
 }
 
 TEST(SlotRingTest, ProducerGetsPeerLostWhenTheConsumerCloses) {
@@ -405,7 +384,7 @@ TEST(SlotRingTest, ProducerGetsPeerLostWhenTheConsumerCloses) {
   EXPECT_THROW((void)producer->acquire_free(5s), PeerLost);
   EXPECT_LT(elapsed_ms(start), 1000.0);
   closer.join();
-  EXPECT_FALSE(name_exists(producer->name()));
+  EXPECT_FALSE(shm_name_exists(producer->name()));
   EXPECT_THROW(SlotRing::attach(producer->name()), SystemError);
 }
 
@@ -428,7 +407,7 @@ TEST(SlotRingTest, CloseIsIdempotentAndLaterCallsFail) {
   (void)next->acquire_free(1s);
   (void)next->acquire_free(1s);
   consumer->close();
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
   EXPECT_THROW(consumer->acquire_ready(1ms), InvalidArgument);
 }
 

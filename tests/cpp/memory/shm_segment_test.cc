@@ -13,18 +13,18 @@
 #include <regex>
 #include <string>
 
+#include "support/process.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/fd.h"
 
 namespace tensorxfer::memory {
 namespace {
 
-constexpr uint32_t kTestKind = make_kind_tag("TEST");
+using tensorxfer::testing::fork_child;
+using tensorxfer::testing::shm_name_exists;
+using tensorxfer::testing::wait_exit_code;
 
-bool name_exists(const std::string& name) {
-  struct stat info {};
-  return ::stat(("/dev/shm" + name).c_str(), &info) == 0;
-}
+constexpr uint32_t kTestKind = make_kind_tag("TEST");
 
 // Resizes the segment's file behind its back.
 void truncate_file(const std::string& name, off_t nbytes) {
@@ -33,28 +33,6 @@ void truncate_file(const std::string& name, off_t nbytes) {
   ASSERT_EQ(::ftruncate(fd.get(), nbytes), 0);
 }
 
-// Forks a child that runs `body` and exits with its return value without
-// running any destructor of the parent's objects.
-template <typename Body>
-pid_t fork_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = body();
-    } catch (...) {
-      code = 98;
-    }
-    ::_exit(code);
-  }
-  return pid;
-}
-
-int wait_exit_code(pid_t pid) {
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 TEST(ShmSegmentTest, AttachSeesTheCreatorsBytes) {
   ShmSegment created = ShmSegment::create(10000, kTestKind);
@@ -157,7 +135,7 @@ TEST(ShmSegmentTest, CreatorUnlinksWhileOthersStillMapTheBytes) {
   ShmSegment attached = ShmSegment::attach(name, kTestKind);
   creator->payload()[3] = std::byte{42};
   creator.reset();
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
   EXPECT_EQ(attached.payload()[3], std::byte{42});  // still mapped
   EXPECT_EQ(attached.attach_count(), 1u);
 }
@@ -175,7 +153,7 @@ TEST(ShmSegmentTest, AttachCountTracksUsersAndDetachIsIdempotent) {
   EXPECT_TRUE(first.is_detached());
   EXPECT_TRUE(first.is_mapped());  // memory stays valid until destruction
   EXPECT_EQ(segment.attach_count(), 1u);
-  EXPECT_TRUE(name_exists(segment.name()));  // non-creators leave the name while the creator lives
+  EXPECT_TRUE(shm_name_exists(segment.name()));  // non-creators leave the name while the creator lives
 }
 
 TEST(ShmSegmentTest, LastUserDetachingUnlinksEvenWithoutTheCreator) {
@@ -187,7 +165,7 @@ TEST(ShmSegmentTest, LastUserDetachingUnlinksEvenWithoutTheCreator) {
   auto* header = reinterpret_cast<SegmentHeader*>(segment.payload() - kSegmentHeaderBytes);
   header->attach_count.fetch_sub(1, std::memory_order_relaxed);
   user.detach();
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 TEST(ShmSegmentTest, AttachRefusesASegmentBeingRemoved) {
@@ -208,10 +186,10 @@ TEST(ShmSegmentTest, MovedFromSegmentDoesNothing) {
   const std::string name = segment.name();
   ShmSegment moved = std::move(segment);
   segment.detach();  // NOLINT: moved-from is valid and inert
-  EXPECT_TRUE(name_exists(name));
+  EXPECT_TRUE(shm_name_exists(name));
   EXPECT_EQ(moved.attach_count(), 1u);
   moved = ShmSegment::create(8, kTestKind);  // move-assign releases the old one
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 TEST(ShmSegmentTest, ForkedChildCopyNeverUnlinks) {
@@ -225,7 +203,7 @@ TEST(ShmSegmentTest, ForkedChildCopyNeverUnlinks) {
     return 0;  // `mine` detaches normally
   });
   ASSERT_EQ(wait_exit_code(child), 0);
-  EXPECT_TRUE(name_exists(name));
+  EXPECT_TRUE(shm_name_exists(name));
   EXPECT_EQ(segment.attach_count(), 1u);
   EXPECT_EQ(segment.payload()[0], std::byte{9});
 }
@@ -250,9 +228,9 @@ TEST(ShmSegmentTest, SurvivorUnlinksWhenTheCreatorDied) {
   ::kill(child, SIGKILL);
   EXPECT_EQ(wait_exit_code(child), 128 + SIGKILL);
   EXPECT_FALSE(attached.owner_alive());
-  EXPECT_TRUE(name_exists(name));
+  EXPECT_TRUE(shm_name_exists(name));
   attached.detach();
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 TEST(ShmSegmentTest, AttachToADeadCreatorsSegmentIsPeerLostAndRemovesIt) {
@@ -270,9 +248,9 @@ TEST(ShmSegmentTest, AttachToADeadCreatorsSegmentIsPeerLostAndRemovesIt) {
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
   ASSERT_EQ(wait_exit_code(child), 0);
-  ASSERT_TRUE(name_exists(name));
+  ASSERT_TRUE(shm_name_exists(name));
   EXPECT_THROW((void)ShmSegment::attach(name, kTestKind), PeerLost);
-  EXPECT_FALSE(name_exists(name));
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 // Returns the name of a segment created by a child that then exited without cleanup.
@@ -305,11 +283,11 @@ TEST(ShmSegmentTest, SweepRemovesOnlyValidSegmentsOfDeadCreators) {
   }
   const std::string stale = leak_segment_from_dead_child();
   ASSERT_FALSE(stale.empty());
-  const bool stale_existed = name_exists(stale);
+  const bool stale_existed = shm_name_exists(stale);
   EXPECT_GE(sweep_stale_segments(), 1u);
-  const bool stale_remains = name_exists(stale);
-  const bool live_remains = name_exists(live.name());
-  const bool foreign_remains = name_exists(foreign);
+  const bool stale_remains = shm_name_exists(stale);
+  const bool live_remains = shm_name_exists(live.name());
+  const bool foreign_remains = shm_name_exists(foreign);
   ::shm_unlink(foreign.c_str());
   EXPECT_TRUE(stale_existed);
   EXPECT_FALSE(stale_remains);
@@ -320,9 +298,9 @@ TEST(ShmSegmentTest, SweepRemovesOnlyValidSegmentsOfDeadCreators) {
 TEST(ShmSegmentTest, CreateSweepsStaleSegments) {
   const std::string stale = leak_segment_from_dead_child();
   ASSERT_FALSE(stale.empty());
-  ASSERT_TRUE(name_exists(stale));
+  ASSERT_TRUE(shm_name_exists(stale));
   ShmSegment fresh = ShmSegment::create(64, kTestKind);
-  EXPECT_FALSE(name_exists(stale));
+  EXPECT_FALSE(shm_name_exists(stale));
 }
 
 TEST(ShmSegmentTest, KindTagNames) {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/stream_gate.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/runtime/stream.h"
 
@@ -19,28 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Blocks a stream until opened (at most 10 s).
-class Gate {
- public:
-  HostStream::Task task() {
-    return [this] {
-      std::unique_lock<std::mutex> lock(mutex_);
-      opened_.wait_for(lock, 10s, [&] { return open_; });
-    };
-  }
-  void open() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      open_ = true;
-    }
-    opened_.notify_all();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable opened_;
-  bool open_ = false;
-};
+using Gate = tensorxfer::testing::StreamGate;
 
 TEST(HostEventTest, NeverRecordedIsDone) {
   HostEvent event;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/stream_gate.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
 
@@ -22,32 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A task that blocks its stream until open() is called (or 10 s pass, so a
-// failing test cannot hang the suite).
-class Gate {
- public:
-  HostStream::Task task() {
-    return [this] {
-      entered_.store(true);
-      std::unique_lock<std::mutex> lock(mutex_);
-      opened_.wait_for(lock, 10s, [&] { return open_; });
-    };
-  }
-  void open() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      open_ = true;
-    }
-    opened_.notify_all();
-  }
-  bool entered() const { return entered_.load(); }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable opened_;
-  bool open_ = false;
-  std::atomic<bool> entered_{false};
-};
+using Gate = tensorxfer::testing::StreamGate;
 
 TEST(HostStreamTest, RunsTasksInEnqueueOrder) {
   HostStream stream;
