@@ -16,6 +16,7 @@
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
+#include "tensorxfer/runtime/cpu_relax.h"
 
 namespace tensorxfer::runtime {
 namespace {
@@ -30,14 +31,6 @@ constexpr auto kSpinBeforeSleep = std::chrono::microseconds(20);
 constexpr Seconds kCancelPollInterval{0.02};
 // Longest single condition-variable wait (no overflow in the clock arithmetic).
 constexpr Seconds kLongestWait{3600.0};
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 std::string seconds_text(Seconds value) {
   std::ostringstream out;
