@@ -58,6 +58,34 @@ uint32_t kind_from_text(const std::string& kind) {
   return memory::make_kind_tag(text);
 }
 
+double to_us(std::chrono::nanoseconds duration) { return std::chrono::duration<double, std::micro>(duration).count(); }
+
+py::object spread_us(const std::optional<runtime::WaitPredictor::Spread>& spread) {
+  if (!spread) return py::none();
+  return py::make_tuple(to_us(spread->low), to_us(spread->median), to_us(spread->high));
+}
+
+// What the ring's wait policy has learned, and how its waits ended.
+py::dict wait_stats(const SlotRing& ring) {
+  const runtime::WaitPredictor predictor = ring.spin_policy().predictor();
+  const auto& outcomes = predictor.outcomes();
+  py::dict ended;
+  ended["immediate"] = outcomes.immediate;
+  ended["spin"] = outcomes.spin;
+  ended["doze"] = outcomes.doze;
+  ended["window"] = outcomes.window;
+  ended["sleep"] = outcomes.sleep;
+  ended["timeout"] = outcomes.timeout;
+  py::dict stats;
+  stats["adaptive"] = ring.spin_policy().is_adaptive();
+  stats["ended"] = ended;
+  stats["wait_us"] = spread_us(predictor.wait_spread());
+  stats["interval_us"] = spread_us(predictor.interval_spread());
+  stats["wake_lateness_us"] = to_us(predictor.wake_lateness());
+  stats["notify_latency_us"] = to_us(predictor.notify_latency());
+  return stats;
+}
+
 py::tuple ready_tuple(const ipc::ReadySlot& ready) {
   return py::make_tuple(ready.slot, ready.tick_id, ready.publish_ns);
 }
@@ -161,6 +189,7 @@ void bind_ipc(py::module_& module) {
                              [](const SlotRing& ring) {
                                return std::chrono::duration<double, std::micro>(ring.spin_policy().budget()).count();
                              })
+      .def_property_readonly("wait_stats", &wait_stats)
       .def("close", &SlotRing::close);
 }
 

@@ -250,7 +250,17 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
         std::lock_guard<std::mutex> lock(mutex_);
         return (ready = take_next_locked()).has_value();
       },
-      deadline, spin_, [&] { watch_as_consumer(); });
+      deadline, spin_, [&] { watch_as_consumer(); },
+      [&] {
+        // The publish time (CLOCK_MONOTONIC, as WaitClock) lets the adaptive
+        // policy learn true arrival times; a value no clock can hold is ignored
+        // (the policy also ignores implausible ones).
+        std::optional<runtime::WaitTime> stamp;
+        if (ready && ready->publish_ns <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          stamp = runtime::WaitTime(std::chrono::nanoseconds(static_cast<int64_t>(ready->publish_ns)));
+        }
+        return stamp;
+      });
   if (status == runtime::WaitStatus::kReady) return *ready;
   throw Timeout("SlotRing::acquire_ready: nothing was published within " + seconds_text(timeout) +
                 " (ring '" + name() + "', " + std::to_string(live_producers()) + " live producers)");

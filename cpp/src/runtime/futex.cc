@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -9,7 +10,6 @@
 #include <cerrno>
 #include <climits>
 
-#include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::runtime {
@@ -49,56 +49,17 @@ int futex_wake_all(SharedWord32& word) noexcept { return futex_wake(word, INT_MA
 
 void yield_processor() noexcept { ::sched_yield(); }
 
-// ---- SpinPolicy ---------------------------------------------------------------
+// ---- PreciseTimerScope ---------------------------------------------------------
 
-SpinPolicy::SpinPolicy(bool adaptive, std::chrono::nanoseconds fixed) noexcept
-    : adaptive_(adaptive),
-      fixed_ns_(fixed.count()),
-      average_wait_ns_(std::chrono::nanoseconds(kAdaptiveInitial).count() / 4) {}
-
-SpinPolicy SpinPolicy::fixed(std::chrono::microseconds budget) {
-  TENSORXFER_CHECK(InvalidArgument, budget.count() >= 0 && budget <= kFixedMax,
-                   "spin budget must be between 0 and ", kFixedMax.count(), " us, got ",
-                   budget.count(), " us");
-  return SpinPolicy(false, budget);
+PreciseTimerScope::PreciseTimerScope() noexcept : previous_slack_ns_(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)) {
+  // 1 ns: the smallest slack; 0 would mean "back to the default".
+  if (previous_slack_ns_ > 1) (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 }
 
-SpinPolicy SpinPolicy::adaptive() { return SpinPolicy(true, std::chrono::nanoseconds::zero()); }
-
-SpinPolicy::SpinPolicy(const SpinPolicy& other) noexcept
-    : adaptive_(other.adaptive_.load(std::memory_order_relaxed)),
-      fixed_ns_(other.fixed_ns_.load(std::memory_order_relaxed)),
-      average_wait_ns_(other.average_wait_ns_.load(std::memory_order_relaxed)) {}
-
-SpinPolicy& SpinPolicy::operator=(const SpinPolicy& other) noexcept {
-  adaptive_.store(other.adaptive_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  fixed_ns_.store(other.fixed_ns_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  average_wait_ns_.store(other.average_wait_ns_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  return *this;
-}
-
-std::optional<std::chrono::microseconds> SpinPolicy::fixed_budget() const noexcept {
-  if (is_adaptive()) return std::nullopt;
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::nanoseconds(fixed_ns_.load(std::memory_order_relaxed)));
-}
-
-std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
-  if (!is_adaptive()) return std::chrono::nanoseconds(fixed_ns_.load(std::memory_order_relaxed));
-  const int64_t average = average_wait_ns_.load(std::memory_order_relaxed);
-  const int64_t cap = std::chrono::nanoseconds(kAdaptiveMax).count();
-  if (average > cap) return kAdaptiveFloor;
-  return std::chrono::nanoseconds(std::clamp<int64_t>(
-      4 * average, std::chrono::nanoseconds(kAdaptiveMinSpin).count(), cap));
-}
-
-void SpinPolicy::record_wait(std::chrono::nanoseconds waited) noexcept {
-  if (!is_adaptive()) return;
-  // Clip outliers (a 1 s wait) so one of them does not disable spinning for long.
-  const int64_t cap = 4 * std::chrono::nanoseconds(kAdaptiveMax).count();
-  const int64_t sample = std::min<int64_t>(waited.count(), cap);
-  const int64_t average = average_wait_ns_.load(std::memory_order_relaxed);
-  average_wait_ns_.store(average + (sample - average) / 8, std::memory_order_relaxed);
+PreciseTimerScope::~PreciseTimerScope() {
+  if (previous_slack_ns_ > 1) {
+    (void)::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(previous_slack_ns_), 0UL, 0UL, 0UL);
+  }
 }
 
 // ---- EventCount ---------------------------------------------------------------

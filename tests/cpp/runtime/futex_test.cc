@@ -1,6 +1,7 @@
 #include "tensorxfer/runtime/futex.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -90,33 +92,6 @@ TEST(FutexTest, WakeWorksAcrossProcesses) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
-TEST(SpinPolicyTest, FixedBudgetsAreValidated) {
-  EXPECT_EQ(SpinPolicy::fixed(0us).budget(), 0ns);
-  EXPECT_EQ(SpinPolicy::fixed(75us).budget(), 75us);
-  EXPECT_EQ(SpinPolicy::fixed(75us).fixed_budget(), 75us);
-  EXPECT_FALSE(SpinPolicy::adaptive().fixed_budget().has_value());
-  EXPECT_THROW(SpinPolicy::fixed(-1us), InvalidArgument);
-  EXPECT_THROW(SpinPolicy::fixed(SpinPolicy::kFixedMax + 1us), InvalidArgument);
-}
-
-TEST(SpinPolicyTest, AdaptiveBudgetFollowsRecentWaits) {
-  SpinPolicy spin = SpinPolicy::adaptive();
-  EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveInitial);
-  for (int i = 0; i < 100; ++i) spin.record_wait(10us);
-  EXPECT_GE(spin.budget(), 35us);  // about four times the typical wait
-  EXPECT_LE(spin.budget(), 45us);
-  for (int i = 0; i < 100; ++i) spin.record_wait(1us);
-  EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveMinSpin);
-  for (int i = 0; i < 100; ++i) spin.record_wait(5ms);  // spinning would not pay off
-  EXPECT_EQ(spin.budget(), SpinPolicy::kAdaptiveFloor);
-  for (int i = 0; i < 100; ++i) spin.record_wait(60us);
-  EXPECT_GE(spin.budget(), 100us);
-  EXPECT_LE(spin.budget(), SpinPolicy::kAdaptiveMax);
-  SpinPolicy fixed = SpinPolicy::fixed(30us);
-  fixed.record_wait(1s);
-  EXPECT_EQ(fixed.budget(), 30us);
 }
 
 TEST(EventCountTest, ReadyConditionEndsTheWaitAfterNotify) {
@@ -252,6 +227,141 @@ TEST(EventCountTest, ManyWaitersManyNotifiesNoLostWakeups) {
   even.join();
   odd.join();
   EXPECT_FALSE(failed);
+}
+
+// ---- the adaptive policy's predicted plans, on real waits ------------------------
+
+// Teaches `spin` that arrivals come `low`..`high` after a wait starts.
+SpinPolicy trained_policy(std::chrono::nanoseconds low, std::chrono::nanoseconds high) {
+  SpinPolicy spin = SpinPolicy::adaptive();
+  WaitTime at = Clock::now() - 10s;
+  for (int i = 0; i < 16; ++i) {
+    const WaitTime start = at + 10us;
+    at = start + low + (high - low) * i / 15;
+    spin.record_arrival(start, at, std::nullopt, false);
+  }
+  spin.record_immediate(Clock::now(), std::nullopt);  // no period to go by: only the wait length
+  return spin;
+}
+
+TEST(EventCountTest, APredictedWaitStillEndsAtOnceOnAnEarlyNotify) {
+  EventCount event{};
+  std::atomic<bool> flag{false};
+  SpinPolicy spin = trained_policy(50ms, 50ms);
+  ASSERT_EQ(spin.plan(Clock::now()).kind, WaitPlan::Kind::kPredicted);
+  std::thread notifier([&] {
+    std::this_thread::sleep_for(5ms);
+    flag.store(true, std::memory_order_release);
+    event.notify_all();
+  });
+  const auto start = Clock::now();
+  const auto status = event.await([&] { return flag.load(std::memory_order_acquire); }, Clock::now() + 5s, spin,
+                                  [] {});
+  const double waited = elapsed_ms(start);
+  notifier.join();
+  EXPECT_EQ(status, WaitStatus::kReady);
+  EXPECT_LT(waited, 40.0);  // not held until the predicted 50 ms
+  EXPECT_EQ(event.sleepers.load(std::memory_order_relaxed), 0u);
+}
+
+TEST(EventCountTest, APredictedWaitEndsAtItsDeadlineWatchingEverySlice) {
+  EventCount event{};
+  SpinPolicy spin = trained_policy(100ms, 100ms);
+  ASSERT_EQ(spin.plan(Clock::now()).kind, WaitPlan::Kind::kPredicted);
+  int watches = 0;
+  const auto start = Clock::now();
+  const auto status = event.await([] { return false; }, Clock::now() + 70ms, spin, [&] { ++watches; });
+  const double waited = elapsed_ms(start);
+  EXPECT_EQ(status, WaitStatus::kTimedOut);
+  EXPECT_GE(waited, 69.0);
+  EXPECT_LT(waited, 170.0);
+  EXPECT_GE(watches, 3);  // the sleep before the window is sliced like any other
+  EXPECT_EQ(event.sleepers.load(std::memory_order_relaxed), 0u);
+  EXPECT_EQ(spin.plan(Clock::now()).spin, SpinPolicy::kAdaptiveFloor);  // a timeout: nothing expected now
+}
+
+TEST(EventCountTest, APredictedWaitPastItsWindowStillEndsAtTheDeadline) {
+  EventCount event{};
+  SpinPolicy spin = trained_policy(5ms, 5ms);
+  int watches = 0;
+  const auto start = Clock::now();
+  const auto status = event.await([] { return false; }, Clock::now() + 60ms, spin, [&] { ++watches; });
+  const double waited = elapsed_ms(start);
+  EXPECT_EQ(status, WaitStatus::kTimedOut);
+  EXPECT_GE(waited, 59.0);
+  EXPECT_LT(waited, 160.0);
+  EXPECT_GE(watches, 2);
+}
+
+TEST(EventCountTest, APredictedWaitCatchesAnUnnotifiedChangeInItsWindow) {
+  // The change is never notified, so only spinning through the predicted
+  // window sees it before the next watch slice (~20 ms after the window).
+  // A loaded machine may delay the setter past the window: a few attempts.
+  bool caught = false;
+  for (int attempt = 0; attempt < 5 && !caught; ++attempt) {
+    EventCount event{};
+    std::atomic<bool> flag{false};
+    SpinPolicy spin = trained_policy(19'700us, 20'300us);
+    const auto start = Clock::now();
+    std::thread setter([&] {
+      std::this_thread::sleep_until(start + 19'500us);
+      while (Clock::now() < start + 20ms) cpu_relax();
+      flag.store(true, std::memory_order_release);
+    });
+    const auto status = event.await([&] { return flag.load(std::memory_order_acquire); }, start + 5s, spin,
+                                    [] {});
+    const double waited = elapsed_ms(start);
+    setter.join();
+    ASSERT_EQ(status, WaitStatus::kReady);
+    EXPECT_GE(waited, 19.9);
+    caught = waited < 25.0;
+  }
+  EXPECT_TRUE(caught);
+}
+
+TEST(EventCountTest, AWatchThatThrowsWhileDozingRestoresTheTimerSlack) {
+  EventCount event{};
+  SpinPolicy spin = trained_policy(100ms, 100ms);
+  const long slack_before = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  const auto start = Clock::now();
+  EXPECT_THROW(event.await([] { return false; }, Clock::now() + 5s, spin, [] { throw PeerLost("peer gone"); }),
+               PeerLost);
+  EXPECT_LT(elapsed_ms(start), 1000.0);
+  EXPECT_EQ(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), slack_before);
+  EXPECT_EQ(event.sleepers.load(std::memory_order_relaxed), 0u);
+}
+
+TEST(EventCountTest, TheAdaptivePolicyLearnsFromRealWaits) {
+  EventCount event{};
+  std::atomic<uint32_t> published{0};
+  std::atomic<int64_t> publish_ns{0};
+  SpinPolicy spin = SpinPolicy::adaptive();
+  constexpr uint32_t kRounds = 40;
+  std::thread publisher([&] {
+    auto next = Clock::now();
+    for (uint32_t round = 1; round <= kRounds; ++round) {
+      next += 2ms;
+      std::this_thread::sleep_until(next);
+      publish_ns.store(std::chrono::nanoseconds(Clock::now().time_since_epoch()).count(), std::memory_order_relaxed);
+      published.store(round, std::memory_order_release);
+      event.notify_all();
+    }
+  });
+  uint32_t seen = 0;
+  bool failed = false;
+  while (seen < kRounds && !failed) {
+    const auto status = event.await(
+        [&] { return published.load(std::memory_order_acquire) > seen; }, Clock::now() + 5s, spin, [] {},
+        [&] { return std::optional<WaitTime>(WaitTime(std::chrono::nanoseconds(publish_ns.load(std::memory_order_relaxed)))); });
+    failed = status != WaitStatus::kReady;
+    seen = published.load(std::memory_order_acquire);
+  }
+  publisher.join();
+  EXPECT_FALSE(failed);
+  const auto intervals = spin.predictor().interval_spread();
+  ASSERT_TRUE(intervals.has_value());
+  EXPECT_GT(intervals->median, 1ms);  // the publisher's period, from its stamps
+  EXPECT_LT(intervals->median, 6ms);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// Cross-process waits on 32-bit words in shared memory: spin briefly, then
-// sleep in the kernel (FUTEX_WAIT, not FUTEX_PRIVATE: the word is shared
-// between processes), always with a deadline.
+// Cross-process waits on 32-bit words in shared memory: spin, sleep in the
+// kernel (FUTEX_WAIT, not FUTEX_PRIVATE: the word is shared between
+// processes), always with a deadline. How long to spin, and when, is a
+// SpinPolicy (spin_policy.h): fixed, or adaptive (the default), which learns
+// when arrivals come and sleeps until shortly before the next one is due.
 //
 // EventCount is the building block: waiters check a condition, and if it does
 // not hold, sleep until a notifier bumps the epoch. Sleeps are cut into slices
@@ -14,12 +16,13 @@
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
+#include "tensorxfer/runtime/cpu_relax.h"
 #include "tensorxfer/runtime/shared_word.h"
+#include "tensorxfer/runtime/spin_policy.h"
 
 namespace tensorxfer::runtime {
-
-using WaitClock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: shared by every process
 
 enum class WaitStatus { kReady, kTimedOut };
 
@@ -36,60 +39,21 @@ bool futex_wait(const SharedWord32& word, uint32_t expected, std::chrono::nanose
 int futex_wake(SharedWord32& word, int count) noexcept;
 int futex_wake_all(SharedWord32& word) noexcept;
 
-// Pause instruction for spin loops.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 // Gives the CPU to another runnable thread, if any (sched_yield).
 void yield_processor() noexcept;
 
-// How long a waiter spins before it sleeps. Process-local (one per ring handle).
-//  * fixed(d): always spin for d (d == 0: never spin, sleep at once).
-//  * adaptive(): while recent waits are short (their running average is at
-//    most kAdaptiveMax), spin four times that average, at least
-//    kAdaptiveMinSpin and at most kAdaptiveMax, so most waits end while
-//    spinning (the average is pulled down by the fast ones, hence the factor).
-//    When waits are typically longer, spinning would only burn a CPU the
-//    peer may need: the budget drops to kAdaptiveFloor. Starts at
-//    kAdaptiveInitial. Measured on the 2-core VM this was built on: a futex
-//    wake costs ~4-10 us, a spinning hand-off ~1-2 us (bench/cpp/futex_bench.cc).
-// Thread-safe: assignment, record_wait and budget may race; the average then loses an update.
-class SpinPolicy {
+// While alive, timed sleeps of the calling thread end within microseconds of
+// their deadline instead of up to the default 50 us timer slack later
+// (prctl PR_SET_TIMERSLACK); the previous slack is restored on destruction.
+class PreciseTimerScope {
  public:
-  static constexpr std::chrono::microseconds kAdaptiveInitial{50};
-  static constexpr std::chrono::microseconds kAdaptiveMax{200};
-  static constexpr std::chrono::microseconds kAdaptiveMinSpin{20};
-  static constexpr std::chrono::microseconds kAdaptiveFloor{2};
-  static constexpr std::chrono::microseconds kFixedMax{1000000};
-
-  // Throws InvalidArgument unless 0 <= budget <= kFixedMax.
-  static SpinPolicy fixed(std::chrono::microseconds budget);
-  static SpinPolicy adaptive();
-
-  SpinPolicy(const SpinPolicy& other) noexcept;
-  SpinPolicy& operator=(const SpinPolicy& other) noexcept;
-
-  bool is_adaptive() const noexcept { return adaptive_.load(std::memory_order_relaxed); }
-  // The fixed budget, or nullopt when adaptive.
-  std::optional<std::chrono::microseconds> fixed_budget() const noexcept;
-  // The budget the next wait spins for.
-  std::chrono::nanoseconds budget() const noexcept;
-  // Feeds the adaptive average with how long a wait took until its condition held.
-  void record_wait(std::chrono::nanoseconds waited) noexcept;
+  PreciseTimerScope() noexcept;
+  ~PreciseTimerScope();
+  PreciseTimerScope(const PreciseTimerScope&) = delete;
+  PreciseTimerScope& operator=(const PreciseTimerScope&) = delete;
 
  private:
-  SpinPolicy(bool adaptive, std::chrono::nanoseconds fixed) noexcept;
-
-  // All relaxed: settings and a statistic that may change while another thread
-  // waits; no other memory is published through them.
-  std::atomic<bool> adaptive_;
-  std::atomic<int64_t> fixed_ns_;
-  std::atomic<int64_t> average_wait_ns_;  // running average of recent waits
+  long previous_slack_ns_;  // <= 0: unknown, nothing to restore
 };
 
 // Lives in shared memory. Notifiers change the waited-for state first, then
@@ -101,38 +65,57 @@ struct EventCount {
   // Makes every current waiter re-check its condition.
   void notify_all() noexcept;
 
-  // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut).
+  // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut),
+  // following spin.plan() (see spin_policy.h) and telling `spin` how it went.
   // ready(): bool, cheap, may change shared state (e.g. claim a slot) when it
   // returns true. watch(): called at least every kWatchSlice while sleeping and
   // once more before timing out; it may throw (e.g. PeerLost) to end the wait.
+  // arrival_stamp(): called once after ready() returned true; when the
+  // notifier made the change, if it is known (std::optional<WaitTime>, e.g. a
+  // publish timestamp), which makes the adaptive policy's predictions exact.
+  template <typename Ready, typename Watch, typename ArrivalStamp>
+  WaitStatus await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch, ArrivalStamp&& arrival_stamp);
   template <typename Ready, typename Watch>
-  WaitStatus await(Ready&& ready, WaitClock::time_point deadline, SpinPolicy& spin, Watch&& watch);
+  WaitStatus await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch) {
+    return await(std::forward<Ready>(ready), deadline, spin, std::forward<Watch>(watch),
+                 [] { return std::optional<WaitTime>{}; });
+  }
 
  private:
+  enum class SleepEnd { kReady, kReachedEnd };
+  struct SleepResult {
+    SleepEnd end;
+    bool woken_by_notify;  // the last futex wait was ended by a wake (not by its timeout)
+  };
+
   uint32_t prepare_wait() noexcept;
   void cancel_wait() noexcept;
+  // Spins until ready() or `until`; `now` is kept current.
+  template <typename Ready>
+  static bool spin_until(Ready& ready, WaitTime until, WaitTime& now);
+  // Sleeps (notify wakes) until ready() or `until`, watching every kWatchSlice.
+  template <typename Ready, typename Watch>
+  SleepResult sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
 };
 static_assert(std::is_trivially_copyable_v<EventCount> && sizeof(EventCount) == 8);
 
-template <typename Ready, typename Watch>
-WaitStatus EventCount::await(Ready&& ready, WaitClock::time_point deadline, SpinPolicy& spin,
-                             Watch&& watch) {
-  if (ready()) return WaitStatus::kReady;
-  const auto start = WaitClock::now();
-  const auto spin_end = start + spin.budget();
-  auto now = start;
-  for (uint32_t round = 1; now < spin_end && now < deadline; ++round) {
+template <typename Ready>
+bool EventCount::spin_until(Ready& ready, WaitTime until, WaitTime& now) {
+  for (uint32_t round = 1; now < until; ++round) {
     for (int i = 0; i < 16; ++i) cpu_relax();
     // When cores are oversubscribed the peer we wait for may need this CPU:
     // offer it now and then (sched_yield returns at once if nobody is waiting).
     if (round % 8 == 0) yield_processor();
-    if (ready()) {
-      spin.record_wait(WaitClock::now() - start);
-      return WaitStatus::kReady;
-    }
+    if (ready()) return true;
     now = WaitClock::now();
   }
-  auto last_watch = now;
+  return false;
+}
+
+template <typename Ready, typename Watch>
+EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch,
+                                                WaitTime& now) {
+  bool woken = false;
   for (;;) {
     const uint32_t key = prepare_wait();
     bool is_ready = false;
@@ -144,20 +127,16 @@ WaitStatus EventCount::await(Ready&& ready, WaitClock::time_point deadline, Spin
     }
     if (is_ready) {
       cancel_wait();
-      spin.record_wait(WaitClock::now() - start);
-      return WaitStatus::kReady;
+      return {SleepEnd::kReady, woken};
     }
     now = WaitClock::now();
-    if (now >= deadline) {
+    if (now >= until) {
       cancel_wait();
-      watch();  // a dead peer is reported as such, not as a timeout
-      if (ready()) return WaitStatus::kReady;
-      spin.record_wait(now - start);
-      return WaitStatus::kTimedOut;
+      return {SleepEnd::kReachedEnd, woken};
     }
-    const auto slice = std::min<WaitClock::duration>(deadline - now, kWatchSlice);
+    const auto slice = std::min<WaitClock::duration>(until - now, kWatchSlice);
     try {
-      (void)futex_wait(epoch, key, slice);
+      woken = futex_wait(epoch, key, slice);
     } catch (...) {
       cancel_wait();
       throw;
@@ -169,6 +148,44 @@ WaitStatus EventCount::await(Ready&& ready, WaitClock::time_point deadline, Spin
       last_watch = now;
     }
   }
+}
+
+template <typename Ready, typename Watch, typename ArrivalStamp>
+WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch,
+                             ArrivalStamp&& arrival_stamp) {
+  if (ready()) {
+    if (spin.is_adaptive()) spin.record_immediate(WaitClock::now(), arrival_stamp());
+    return WaitStatus::kReady;
+  }
+  const WaitTime start = WaitClock::now();
+  const WaitPlan plan = spin.plan(start);
+  using Phase = WaitPredictor::Phase;
+  auto arrived = [&](Phase phase, bool after_notify) {
+    spin.record_arrival(start, WaitClock::now(), arrival_stamp(), after_notify, phase);
+    return WaitStatus::kReady;
+  };
+  WaitTime now = start;
+  if (spin_until(ready, std::min(start + plan.spin, deadline), now)) return arrived(Phase::kSpin, false);
+  WaitTime last_watch = now;
+  if (plan.kind == WaitPlan::Kind::kPredicted) {
+    if (plan.wake_at > now && now < deadline) {
+      const WaitTime until = std::min(plan.wake_at, deadline);
+      SleepResult slept{};
+      {
+        PreciseTimerScope precise;
+        slept = sleep_until(ready, until, watch, last_watch, now);
+      }
+      if (slept.end == SleepEnd::kReady) return arrived(Phase::kDoze, slept.woken_by_notify);
+      if (!slept.woken_by_notify && until == plan.wake_at) spin.record_timed_wake(plan.wake_at, now);
+    }
+    if (spin_until(ready, std::min(plan.window_end, deadline), now)) return arrived(Phase::kWindow, false);
+  }
+  const SleepResult slept = sleep_until(ready, deadline, watch, last_watch, now);
+  if (slept.end == SleepEnd::kReady) return arrived(Phase::kSleep, slept.woken_by_notify);
+  watch();  // a dead peer is reported as such, not as a timeout
+  if (ready()) return arrived(Phase::kSleep, false);
+  spin.record_timeout();
+  return WaitStatus::kTimedOut;
 }
 
 }  // namespace tensorxfer::runtime
