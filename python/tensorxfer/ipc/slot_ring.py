@@ -96,6 +96,7 @@ class SlotRing:
         self._core = core
         self._closed = False
         self._last_publish_ns = 0
+        self._depth = core.depth  # fixed for the ring's life; read on every hot call
 
     # ---- construction ---------------------------------------------------------
 
@@ -200,6 +201,23 @@ class SlotRing:
         return self._core.current_spin_us
 
     @property
+    def wait_stats(self) -> dict:
+        """What the adaptive wait policy has learned and how this handle's waits ended (diagnostics).
+
+        ``ended``: counts of waits by how they ended: ``immediate`` (nothing to
+        wait for), ``spin`` (during the first spin), ``doze`` (woken while
+        asleep before the predicted window: the batch came early), ``window``
+        (while spinning through the predicted window: a hit), ``sleep`` (woken
+        after the spin or window: late, or not predicted), ``timeout``.
+        ``wait_us`` / ``interval_us``: (12.5th, 50th, 87.5th) percentiles of
+        recent waits and of intervals between arrivals, or ``None`` while
+        unknown.  ``wake_lateness_us``: how late timed wake-ups are assumed to be;
+        ``notify_latency_us``: how long a notified sleeper takes to run.
+        A fixed ``spin_us`` learns nothing: everything stays at its start value.
+        """
+        return self._live().wait_stats
+
+    @property
     def live_producers(self) -> int:
         """Producers attached and alive now (a diagnostic: reads /proc for each)."""
         return self._live().live_producers
@@ -222,7 +240,11 @@ class SlotRing:
         ``timeout`` in seconds (``None``: no limit, but a dead or closed consumer
         still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLost``.
         """
-        return self._live().acquire_free(_check_timeout(timeout))
+        if self._closed:
+            raise ValueError("ring is closed")
+        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
+            timeout = _check_timeout(timeout)
+        return self._core.acquire_free(timeout)
 
     def try_acquire_free(self) -> Optional[int]:
         """A free slot's index, or ``None`` at once if none is free."""
@@ -234,10 +256,14 @@ class SlotRing:
         Raises ``ValueError`` if the slot is out of range or not held by this
         handle for writing (e.g. published twice).
         """
-        core = self._live()
-        slot = _check_int(slot, "slot", 0, core.depth)
-        tick_id = _check_int(tick_id, "tick_id", 0, 2**64)
-        core.publish(slot, tick_id)
+        # Checks inlined for the common case: this call is on the hand-off's critical path.
+        if self._closed:
+            raise ValueError("ring is closed")
+        if not (type(slot) is int and 0 <= slot < self._depth):
+            slot = _check_int(slot, "slot", 0, self._depth)
+        if not (type(tick_id) is int and 0 <= tick_id < 18446744073709551616):
+            tick_id = _check_int(tick_id, "tick_id", 0, 2**64)
+        self._core.publish(slot, tick_id)
 
     # ---- consumer -------------------------------------------------------------
 
@@ -249,8 +275,11 @@ class SlotRing:
         without closing, and nothing is ready.  (If all producers closed
         cleanly, another may attach: the wait goes on until the timeout.)
         """
-        slot, tick_id, publish_ns = self._live().acquire_ready(_check_timeout(timeout))
-        self._last_publish_ns = publish_ns
+        if self._closed:
+            raise ValueError("ring is closed")
+        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
+            timeout = _check_timeout(timeout)
+        slot, tick_id, self._last_publish_ns = self._core.acquire_ready(timeout)
         return slot, tick_id
 
     def try_acquire_ready(self) -> Optional[Tuple[int, int]]:
@@ -266,8 +295,11 @@ class SlotRing:
 
         Raises ``ValueError`` if out of range or not held by the consumer.
         """
-        core = self._live()
-        core.release(_check_int(slot, "slot", 0, core.depth))
+        if self._closed:
+            raise ValueError("ring is closed")
+        if not (type(slot) is int and 0 <= slot < self._depth):
+            slot = _check_int(slot, "slot", 0, self._depth)
+        self._core.release(slot)
 
     # ---- views ----------------------------------------------------------------
 
