@@ -5,8 +5,11 @@ Two measurements, each with a fresh producer process (spawn) per transport:
 * latency: the producer sends a 64-byte batch every ``interval_s`` to a
   consumer that is already blocked waiting for it; the batch carries
   ``time.monotonic_ns()`` taken just before the handoff (CLOCK_MONOTONIC is
-  shared by every process), the consumer subtracts it from its own clock as
-  soon as the wait returns.
+  shared by every process), the consumer subtracts it from its own clock once
+  it has read the batch's header and handed the batch back (ring slot
+  released, shared tensor returned to the pool).  The CPU time of the
+  consumer process over the wall time of the run is reported too: a waiter
+  that spins trades CPU for latency.
 * throughput: the producer writes 4 MiB batches as fast as the transport takes
   them; the consumer checks each batch's sequence number and hands it back.
 
@@ -45,8 +48,9 @@ def _sleep_until(deadline_ns: int) -> None:
         time.sleep(remaining / 1e9)
 
 
-# The spin budget of each ring variant: the default (None) adapts to recent waits,
-# 0 sleeps at once, 1000 us outlasts the 0.5 ms publish interval (burns the core).
+# The spin budget of each ring variant: the default (None) predicts the next arrival
+# and spins only around it, 0 sleeps at once, 1000 us outlasts the 0.5 ms publish
+# interval (burns the core).
 _RING_SPIN_US = {"slot_ring": None, "slot_ring_nospin": 0.0, "slot_ring_spin": 1000.0}
 
 
@@ -120,6 +124,7 @@ class _Consumer:
     def __init__(self, transport: str, payload_nbytes: int, torch_pool: int = _TORCH_POOL_THROUGHPUT) -> None:
         self.transport = transport
         self.payload_nbytes = payload_nbytes
+        self.cpu_share = 0.0
         self.ring = None
         if transport.startswith("slot_ring"):
             from tensorxfer.ipc import SlotRing
@@ -129,6 +134,8 @@ class _Consumer:
             self.context = multiprocessing.get_context("spawn")
             self.channel: Any = self.ring.handle
             self.slots = [self.ring.slot_array(i) for i in range(self.ring.depth)]
+            # Views made once, as a user reading each slot's header would.
+            self.headers = [slot[:16].view(np.int64) for slot in self.slots]
         elif transport == "mp_queue":
             self.context = multiprocessing.get_context("spawn")
             self.channel = self.context.Queue()
@@ -149,8 +156,7 @@ class _Consumer:
         """Waits for the next batch; returns (send timestamp ns, sequence); frees it at once."""
         if self.ring is not None:
             slot, tick = self.ring.acquire_ready(timeout=_TIMEOUT_S)
-            header = self.slots[slot][:16].view(np.int64)
-            sent_ns, sequence = int(header[0]), int(header[1])
+            sent_ns, sequence = self.headers[slot].tolist()
             self.ring.release(slot)
             return sent_ns, sequence
         if self.transport == "mp_queue":
@@ -166,7 +172,11 @@ class _Consumer:
         return sent_ns, sequence
 
     def run(self, count: int, interval_s: float) -> list[tuple[int, int]]:
-        """Starts the producer, receives ``count`` batches; returns (sent ns, received ns) pairs."""
+        """Starts the producer, receives ``count`` batches; returns (sent ns, received ns) pairs.
+
+        Also sets ``cpu_share``: this (the consumer) process's CPU time over the
+        wall time of the receive loop (1.0 = one core busy all the time).
+        """
         ready, go, done = self.context.Event(), self.context.Event(), self.context.Event()
         producer = self.context.Process(
             target=_produce, args=(self.transport, self.channel, ready, go, done, count,
@@ -177,11 +187,13 @@ class _Consumer:
                 raise TimeoutError(f"{self.transport} producer did not start within 60 s")
             go.set()
             stamps = []
+            cpu_begin, wall_begin = time.process_time(), time.monotonic()
             for expected in range(count):
                 sent_ns, sequence = self.receive()
                 stamps.append((sent_ns, time.monotonic_ns()))
                 if sequence != expected:
                     raise RuntimeError(f"{self.transport}: got batch {sequence}, expected {expected}")
+            self.cpu_share = (time.process_time() - cpu_begin) / max(time.monotonic() - wall_begin, 1e-9)
             done.set()
             producer.join(_TIMEOUT_S)
             return stamps
@@ -193,7 +205,7 @@ class _Consumer:
     def close(self) -> None:
         """Releases the transport (the ring's segment is unlinked)."""
         if self.ring is not None:
-            self.slots = []
+            self.slots, self.headers = [], []
             self.ring.close()
         elif self.transport == "mp_queue":
             self.channel.close()
@@ -202,12 +214,18 @@ class _Consumer:
 
 def measure_latency(transport: str, count: int, interval_s: float, warmup: int) -> list[float]:
     """Handoff latencies in microseconds of ``count`` 64-byte batches (first ``warmup`` dropped)."""
+    return measure_latency_and_cpu(transport, count, interval_s, warmup)[0]
+
+
+def measure_latency_and_cpu(transport: str, count: int, interval_s: float,
+                            warmup: int) -> tuple[list[float], float]:
+    """Like :func:`measure_latency`, plus the consumer process's CPU use in percent of one core."""
     consumer = _Consumer(transport, payload_nbytes=64, torch_pool=_TORCH_POOL_LATENCY)
     try:
         stamps = consumer.run(count + warmup, interval_s)
     finally:
         consumer.close()
-    return [(received - sent) / 1e3 for sent, received in stamps[warmup:]]
+    return [(received - sent) / 1e3 for sent, received in stamps[warmup:]], 100.0 * consumer.cpu_share
 
 
 def measure_throughput(transport: str, count: int, payload_nbytes: int) -> float:
