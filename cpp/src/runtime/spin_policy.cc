@@ -1,6 +1,7 @@
 #include "tensorxfer/runtime/spin_policy.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
@@ -28,12 +29,22 @@ void WaitPredictor::History::add(nanoseconds sample) noexcept {
   ++count;
 }
 
-std::optional<WaitPredictor::Spread> WaitPredictor::History::spread() const noexcept {
+std::size_t WaitPredictor::History::sorted(Sorted& out) const noexcept {
   const std::size_t n = size();
+  std::copy(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(n), out.begin());
+  std::sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
+  return n;
+}
+
+WaitPredictor::Spread WaitPredictor::spread_of(const Sorted& ordered, std::size_t n) noexcept {
+  return Spread{nanoseconds(ordered[n / 8]), nanoseconds(ordered[n / 2]), nanoseconds(ordered[n - 1 - n / 8])};
+}
+
+std::optional<WaitPredictor::Spread> WaitPredictor::History::spread() const noexcept {
+  Sorted ordered;
+  const std::size_t n = sorted(ordered);
   if (n < kMinSamples) return std::nullopt;
-  std::array<int64_t, kHistory> sorted = samples;
-  std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n));
-  return Spread{nanoseconds(sorted[n / 8]), nanoseconds(sorted[n / 2]), nanoseconds(sorted[n - 1 - n / 8])};
+  return spread_of(ordered, n);
 }
 
 // ---- WaitPredictor: learning ---------------------------------------------------
@@ -86,8 +97,11 @@ void WaitPredictor::record_timed_wake(WaitTime planned, WaitTime woke) noexcept 
 }
 
 nanoseconds WaitPredictor::wake_lateness() const noexcept {
-  const auto spread = wake_lateness_.spread();
-  return spread ? spread->high : nanoseconds(kInitialWakeLateness);
+  Sorted ordered;
+  const std::size_t n = wake_lateness_.sorted(ordered);
+  // Nearly the latest recent wake-up (the 3rd latest of 32): waking early costs
+  // a little spinning, waking late costs a notify wake-up.
+  return n < kMinSamples ? nanoseconds(kInitialWakeLateness) : nanoseconds(ordered[n - 1 - n / 16]);
 }
 
 nanoseconds WaitPredictor::notify_latency() const noexcept {
@@ -97,10 +111,43 @@ nanoseconds WaitPredictor::notify_latency() const noexcept {
 
 // ---- WaitPredictor: planning ---------------------------------------------------
 
-std::optional<WaitPlan> WaitPredictor::predicted_plan(WaitTime start, WaitTime earliest, WaitTime median,
-                                                      WaitTime latest, nanoseconds typical) const noexcept {
-  const WaitTime window_begin = earliest - kWindowMargin;
-  const WaitTime window_end = latest + kWindowMargin;
+std::optional<WaitPredictor::Window> WaitPredictor::choose_window(const Sorted& ordered, std::size_t n,
+                                                                 nanoseconds cap) noexcept {
+  const int64_t max_width = (cap - 2 * nanoseconds(kWindowMargin)).count();
+  if (max_width < 0) return std::nullopt;
+  const int64_t median = ordered[n / 2];
+  Window window;
+  window.median = nanoseconds(median);
+  const std::size_t low = n / 16;
+  const std::size_t high = n - 1 - n / 16;
+  if (ordered[high] - ordered[low] <= max_width) {  // the central 7/8 fits
+    window.earliest = nanoseconds(ordered[low]);
+    window.latest = nanoseconds(ordered[high]);
+    window.covered = high - low + 1;
+    return window;
+  }
+  // The densest stretch of at most max_width; ties go to the one centred nearest the median.
+  int64_t best_offset = 0;
+  for (std::size_t first = 0, last = 0; first < n; ++first) {
+    if (last < first) last = first;
+    while (last + 1 < n && ordered[last + 1] - ordered[first] <= max_width) ++last;
+    const std::size_t covered = last - first + 1;
+    const int64_t offset = std::abs((ordered[first] + ordered[last]) / 2 - median);
+    if (covered > window.covered || (covered == window.covered && offset < best_offset)) {
+      window.earliest = nanoseconds(ordered[first]);
+      window.latest = nanoseconds(ordered[last]);
+      window.covered = covered;
+      best_offset = offset;
+    }
+  }
+  if (2 * window.covered < n) return std::nullopt;  // irregular: most arrivals would be missed anyway
+  return window;
+}
+
+std::optional<WaitPlan> WaitPredictor::predicted_plan(WaitTime start, WaitTime base, const Window& window,
+                                                      nanoseconds cap) const noexcept {
+  const WaitTime window_begin = base + window.earliest - kWindowMargin;
+  const WaitTime window_end = base + window.latest + kWindowMargin;
   if (window_end <= start) return std::nullopt;  // overdue: the estimate says nothing about now
   WaitTime wake_at = window_begin - wake_lateness();
   nanoseconds spinning = window_end - window_begin;
@@ -108,12 +155,11 @@ std::optional<WaitPlan> WaitPredictor::predicted_plan(WaitTime start, WaitTime e
     wake_at = start;
     spinning = window_end - start;
   }
-  const nanoseconds cap = std::min<nanoseconds>(typical / kWindowShareDivisor, kMaxWindow);
   if (spinning > cap) return std::nullopt;
   WaitPlan plan;
   plan.kind = WaitPlan::Kind::kPredicted;
   plan.spin = wake_at == start ? nanoseconds::zero() : nanoseconds(kAdaptiveFloor);
-  plan.predicted_arrival = std::max(median, start);
+  plan.predicted_arrival = std::clamp(base + window.median, std::max(window_begin, start), window_end);
   plan.wake_at = wake_at;
   plan.window_end = window_end;
   return plan;
@@ -122,9 +168,12 @@ std::optional<WaitPlan> WaitPredictor::predicted_plan(WaitTime start, WaitTime e
 WaitPlan WaitPredictor::plan(WaitTime start) const noexcept {
   WaitPlan plan;
   plan.predicted_arrival = plan.wake_at = plan.window_end = start;
-  const auto waits = waits_.spread();
-  const auto intervals = intervals_.spread();
-  if (!waits && !intervals) {
+  // Each history is sorted at most once: this runs at the start of every wait.
+  Sorted waits;
+  const std::size_t wait_count = waits_.sorted(waits);
+  const bool waits_known = wait_count >= kMinSamples;
+  const bool intervals_known = intervals_.size() >= kMinSamples;
+  if (!waits_known && !intervals_known) {
     plan.spin = kAdaptiveInitial;
     return plan;
   }
@@ -132,27 +181,41 @@ WaitPlan WaitPredictor::plan(WaitTime start) const noexcept {
     plan.spin = kAdaptiveFloor;
     return plan;
   }
-  if (waits && waits->high <= kAdaptiveMax) {
-    plan.spin = std::clamp<nanoseconds>(2 * waits->high, kAdaptiveMinSpin, kAdaptiveMax);
+  const Spread wait_spread = waits_known ? spread_of(waits, wait_count) : Spread{};
+  if (waits_known && wait_spread.high <= kAdaptiveMax) {
+    plan.spin = std::clamp<nanoseconds>(2 * wait_spread.high, kAdaptiveMinSpin, kAdaptiveMax);
     return plan;
   }
   std::optional<WaitPlan> best;
+  std::size_t best_covered = 0;
   nanoseconds best_width = nanoseconds::max();
-  auto consider = [&](WaitTime base, const Spread& spread) {
-    const auto candidate = predicted_plan(start, base + spread.low, base + spread.median, base + spread.high,
-                                          spread.median);
-    if (candidate && spread.high - spread.low < best_width) {
+  auto consider = [&](WaitTime base, const Sorted& ordered, std::size_t n) {
+    const nanoseconds typical(ordered[n / 2]);
+    const nanoseconds cap = std::min<nanoseconds>(typical / kWindowShareDivisor, kMaxWindow);
+    const auto window = choose_window(ordered, n, cap);
+    if (!window) return;
+    const auto candidate = predicted_plan(start, base, *window, cap);
+    const nanoseconds width = window->latest - window->earliest;
+    // Compare coverage as shares: the two histories may hold different counts.
+    const bool more = window->covered * kHistory / n > best_covered;
+    const bool same = window->covered * kHistory / n == best_covered;
+    if (candidate && (more || (same && width < best_width))) {
       best = candidate;
-      best_width = spread.high - spread.low;
+      best_covered = window->covered * kHistory / n;
+      best_width = width;
     }
   };
-  if (waits) consider(start, *waits);
-  if (intervals && last_arrival_) consider(*last_arrival_, *intervals);
+  if (waits_known) consider(start, waits, wait_count);
+  if (intervals_known && last_arrival_) {
+    Sorted intervals;
+    const std::size_t interval_count = intervals_.sorted(intervals);
+    consider(*last_arrival_, intervals, interval_count);
+  }
   if (best) return *best;
-  if (!waits) {
+  if (!waits_known) {
     plan.spin = kAdaptiveInitial;
   } else {
-    plan.spin = waits->median <= kAdaptiveMax ? nanoseconds(kAdaptiveMax) : nanoseconds(kAdaptiveFloor);
+    plan.spin = wait_spread.median <= kAdaptiveMax ? nanoseconds(kAdaptiveMax) : nanoseconds(kAdaptiveFloor);
   }
   return plan;
 }

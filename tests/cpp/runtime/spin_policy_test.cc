@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <random>
@@ -34,7 +35,29 @@ WaitTime replay_waits(WaitPredictor& predictor, const std::vector<nanoseconds>& 
   return at;
 }
 
-std::vector<nanoseconds> repeated(nanoseconds wait, int count) { return std::vector<nanoseconds>(count, wait); }
+std::vector<nanoseconds> repeated(nanoseconds wait, std::size_t count) {
+  return std::vector<nanoseconds>(count, wait);
+}
+
+// `count` waits evenly spaced over [low, high], in a scrambled order.
+std::vector<nanoseconds> evenly(nanoseconds low, nanoseconds high, std::size_t count) {
+  std::vector<nanoseconds> waits;
+  for (std::size_t i = 0; i < count; ++i) waits.push_back(low + (high - low) * static_cast<int64_t>(i) / static_cast<int64_t>(count - 1));
+  std::shuffle(waits.begin(), waits.end(), std::mt19937(7));
+  return waits;
+}
+
+// The window the predictor documents: the central 7/8 of recent samples.
+struct Central {
+  nanoseconds low, median, high;
+};
+Central central(std::vector<nanoseconds> samples) {
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  return {samples[n / 16], samples[n / 2], samples[n - 1 - n / 16]};
+}
+
+constexpr std::size_t kFull = WaitPredictor::kHistory;
 
 // Waits uniformly spread over [low, high].
 std::vector<nanoseconds> spread_waits(nanoseconds low, nanoseconds high, int count, unsigned seed = 1) {
@@ -84,72 +107,86 @@ TEST(SpinPolicyTest, AdaptiveStartsWithTheInitialSpin) {
 
 TEST(SpinPolicyTest, ShortWaitsSpinTwiceTheHighPercentile) {
   WaitPredictor predictor;
-  replay_waits(predictor, repeated(30us, 16));
+  replay_waits(predictor, repeated(30us, kFull));
   WaitPlan plan = predictor.plan(kEpoch + 1s);
   EXPECT_EQ(plan.kind, Kind::kSpinThenSleep);
   EXPECT_EQ(plan.spin, 60us);
-  replay_waits(predictor, repeated(1us, 16));
+  replay_waits(predictor, repeated(1us, kFull));
   EXPECT_EQ(predictor.plan(kEpoch + 1s).spin, WaitPredictor::kAdaptiveMinSpin);
-  replay_waits(predictor, repeated(150us, 16));
+  replay_waits(predictor, repeated(150us, kFull));
   EXPECT_EQ(predictor.plan(kEpoch + 1s).spin, WaitPredictor::kAdaptiveMax);
 }
 
 TEST(SpinPolicyTest, RegularLongWaitsSleepUntilJustBeforeThePredictedArrival) {
   WaitPredictor predictor;
-  const WaitTime last = replay_waits(predictor, spread_waits(475us, 485us, 16));
+  const std::vector<nanoseconds> waits = evenly(475us, 485us, kFull);
+  const WaitTime last = replay_waits(predictor, waits);
+  predictor.record_immediate(last, std::nullopt);  // no period to go by: the wait length only
   const WaitTime start = last + 20us;
   const WaitPlan plan = predictor.plan(start);
   ASSERT_EQ(plan.kind, Kind::kPredicted);
   EXPECT_EQ(plan.spin, WaitPredictor::kAdaptiveFloor);
-  const auto spread = predictor.wait_spread();
-  ASSERT_TRUE(spread.has_value());
-  EXPECT_GE(spread->low, 475us);
-  EXPECT_LE(spread->high, 485us);
+  const Central expected = central(waits);
   // Awake a margin plus the expected timer lateness before the earliest expected arrival...
-  EXPECT_EQ(plan.wake_at, start + spread->low - WaitPredictor::kWindowMargin - WaitPredictor::kInitialWakeLateness);
+  EXPECT_EQ(plan.wake_at, start + expected.low - WaitPredictor::kWindowMargin - WaitPredictor::kInitialWakeLateness);
   // ...spinning until a margin after the latest.
-  EXPECT_EQ(plan.window_end, start + spread->high + WaitPredictor::kWindowMargin);
-  EXPECT_EQ(plan.predicted_arrival, start + spread->median);
+  EXPECT_EQ(plan.window_end, start + expected.high + WaitPredictor::kWindowMargin);
+  EXPECT_EQ(plan.predicted_arrival, start + expected.median);
   // The CPU bound: the spin window is at most a quarter of the wait.
   EXPECT_LE(plan.window_end - plan.wake_at, 480us / 4);
 }
 
 TEST(SpinPolicyTest, IrregularWaitsAreNotSpunFor) {
   WaitPredictor predictor;
-  WaitTime last = replay_waits(predictor, spread_waits(300us, 3ms, 16));
+  WaitTime last = replay_waits(predictor, spread_waits(300us, 3ms, kFull));
   WaitPlan plan = predictor.plan(last + 20us);
   EXPECT_EQ(plan.kind, Kind::kSpinThenSleep);
   EXPECT_EQ(plan.spin, WaitPredictor::kAdaptiveFloor);
   // Waits mostly short but with a long tail: spin for the short ones only.
   predictor = WaitPredictor{};
-  std::vector<nanoseconds> mixed = repeated(50us, 10);
-  for (const auto wait : spread_waits(400us, 5ms, 6)) mixed.push_back(wait);
+  std::vector<nanoseconds> mixed = repeated(50us, 20);
+  for (const auto wait : spread_waits(400us, 5ms, 12)) mixed.push_back(wait);
   last = replay_waits(predictor, mixed);
   plan = predictor.plan(last + 20us);
   EXPECT_EQ(plan.kind, Kind::kSpinThenSleep);
   EXPECT_EQ(plan.spin, WaitPredictor::kAdaptiveMax);
 }
 
-TEST(SpinPolicyTest, AWindowWiderThanAQuarterOfTheWaitFallsBackToSleeping) {
+TEST(SpinPolicyTest, AWideSpreadIsCutToTheDensestStretchThatFitsTheCap) {
   WaitPredictor predictor;
-  // 400 us waits spread over +-80 us: a ~140 us window is more than 100 us.
-  WaitTime last = replay_waits(predictor, spread_waits(320us, 480us, 16));
+  // Most waits within 470..490 us, but eight stray ones far out on both sides:
+  // the central 7/8 span 340..640 us, more than the 120 us cap allows.
+  std::vector<nanoseconds> waits = evenly(470us, 490us, 24);
+  for (const auto stray : {300us, 320us, 340us, 360us, 620us, 640us, 660us, 680us}) waits.push_back(stray);
+  const WaitTime last = replay_waits(predictor, waits);
+  predictor.record_immediate(last, std::nullopt);
+  const WaitTime start = last + 20us;
+  const WaitPlan plan = predictor.plan(start);
+  ASSERT_EQ(plan.kind, Kind::kPredicted);
+  EXPECT_EQ(plan.window_end, start + 490us + WaitPredictor::kWindowMargin);
+  EXPECT_EQ(plan.wake_at, start + 470us - WaitPredictor::kWindowMargin - WaitPredictor::kInitialWakeLateness);
+}
+
+TEST(SpinPolicyTest, ArrivalsSpreadWiderThanTheCapAreNotSpunFor) {
+  WaitPredictor predictor;
+  // Uniform over 200..800 us: the best 105 us stretch holds ~1/6 of them.
+  WaitTime last = replay_waits(predictor, evenly(200us, 800us, kFull));
+  EXPECT_EQ(predictor.plan(last + 20us).kind, Kind::kSpinThenSleep);
   EXPECT_EQ(predictor.plan(last + 20us).spin, WaitPredictor::kAdaptiveFloor);
-  // 100 ms periods: a quarter would be 25 ms, but the window is capped at kMaxWindow.
+  // 100 ms periods: a quarter would be 25 ms, but spinning is capped at kMaxWindow (1 ms).
   predictor = WaitPredictor{};
-  last = replay_waits(predictor, spread_waits(99ms, 101ms, 16));
+  last = replay_waits(predictor, evenly(98ms, 102ms, kFull));
   EXPECT_EQ(predictor.plan(last + 20us).kind, Kind::kSpinThenSleep);
   predictor = WaitPredictor{};
-  last = replay_waits(predictor, spread_waits(99'800us, 100'200us, 16));
+  last = replay_waits(predictor, evenly(99'800us, 100'200us, kFull));
   const WaitPlan plan = predictor.plan(last + 20us);
   ASSERT_EQ(plan.kind, Kind::kPredicted);
-  EXPECT_LE(plan.window_end - plan.wake_at,
-            WaitPredictor::kMaxWindow + WaitPredictor::kInitialWakeLateness);
+  EXPECT_LE(plan.window_end - plan.wake_at, WaitPredictor::kMaxWindow + WaitPredictor::kInitialWakeLateness);
 }
 
 TEST(SpinPolicyTest, WaitsJustAboveTheSpinCapStillSleepUntilTheWindow) {
   WaitPredictor predictor;
-  const WaitTime last = replay_waits(predictor, spread_waits(228us, 232us, 16));
+  const WaitTime last = replay_waits(predictor, spread_waits(228us, 232us, kFull));
   const WaitTime start = last + 20us;
   const WaitPlan plan = predictor.plan(start);
   ASSERT_EQ(plan.kind, Kind::kPredicted);
@@ -197,14 +234,20 @@ TEST(SpinPolicyTest, APeriodicPeerIsPredictedFromStampsWhileTheWaiterWorksIrregu
   EXPECT_EQ(plan.wake_at, publish + 500us - WaitPredictor::kWindowMargin - WaitPredictor::kInitialWakeLateness);
 }
 
-TEST(SpinPolicyTest, AStraySampleChangesNothing) {
+TEST(SpinPolicyTest, TwoStraySamplesOnEitherSideChangeNothing) {
   WaitPredictor predictor;
-  std::vector<nanoseconds> waits = repeated(480us, 15);
-  waits.insert(waits.begin() + 7, 1s);  // a paused peer
+  std::vector<nanoseconds> waits = repeated(480us, kFull - 4);
+  waits.insert(waits.begin() + 3, 1s);  // a paused peer
+  waits.insert(waits.begin() + 9, 3s);
+  waits.insert(waits.begin() + 12, 1us);  // a waiter that started late
+  waits.insert(waits.begin() + 20, 2us);
   const WaitTime last = replay_waits(predictor, waits);
-  const WaitPlan plan = predictor.plan(last + 20us);
+  predictor.record_immediate(last, std::nullopt);
+  const WaitTime start = last + 20us;
+  const WaitPlan plan = predictor.plan(start);
   ASSERT_EQ(plan.kind, Kind::kPredicted);
-  EXPECT_EQ(plan.predicted_arrival, last + 20us + 480us);
+  EXPECT_EQ(plan.predicted_arrival, start + 480us);
+  EXPECT_EQ(plan.window_end, start + 480us + WaitPredictor::kWindowMargin);
 }
 
 TEST(SpinPolicyTest, ATimeoutStopsSpinningUntilTheNextArrival) {
@@ -220,8 +263,8 @@ TEST(SpinPolicyTest, ATimeoutStopsSpinningUntilTheNextArrival) {
 TEST(SpinPolicyTest, TheLatenessOfTimedWakeUpsIsLearned) {
   WaitPredictor predictor;
   const WaitTime last = replay_waits(predictor, repeated(2ms, 16));
-  for (int i = 0; i < 16; ++i) predictor.record_timed_wake(kEpoch, kEpoch + (i < 14 ? 40us : 300us));
-  EXPECT_EQ(predictor.wake_lateness(), 40us);  // the 87.5th percentile: two late outliers do not count
+  for (std::size_t i = 0; i < kFull; ++i) predictor.record_timed_wake(kEpoch, kEpoch + (i < kFull - 2 ? 40us : 300us));
+  EXPECT_EQ(predictor.wake_lateness(), 40us);  // nearly the latest: two late outliers do not count
   const WaitPlan plan = predictor.plan(last + 20us);
   ASSERT_EQ(plan.kind, Kind::kPredicted);
   EXPECT_EQ(plan.wake_at, last + 20us + 2ms - WaitPredictor::kWindowMargin - 40us);

@@ -49,9 +49,12 @@ struct WaitPlan {
 //   * by period: the last arrival + the typical recent interval between
 //     arrivals (a peer publishing on its own clock while the waiter does
 //     varying work in between).
-// "Typical" is robust: over the last kHistory samples, the 12.5th..87.5th
-// percentiles bound the predicted window, so a stray sample (a paused peer, a
-// preempted waiter) changes nothing.
+// "Typical" is robust: over the last kHistory samples, the central 7/8 (the
+// 3rd lowest to the 3rd highest of 32) bound the predicted window, so two
+// stray samples on either side (a paused peer, a preempted waiter) change
+// nothing. When that window is wider than the CPU
+// cap below, the densest stretch of recent samples that fits the cap is used
+// instead, if it holds at least half of them.
 //
 // Arrival times: a notifier's timestamp when the caller has one (SlotRing:
 // the publish time); else the time the waiter saw the change, minus the
@@ -66,9 +69,11 @@ struct WaitPlan {
 //     clamped to [kAdaptiveMinSpin, kAdaptiveMax];
 //   * long, regular waits: kPredicted: spin kAdaptiveFloor, sleep until the
 //     predicted window (widened by kWindowMargin each side) minus the learned
-//     lateness of a timed wake-up, spin through the window, then sleep. Only
-//     when the window is at most a quarter of the typical wait (interval) and
-//     at most kMaxWindow, so the CPU spent spinning stays bounded;
+//     lateness of a timed wake-up, spin through the window, then sleep. The
+//     window is at most a quarter of the typical wait (interval) and at most
+//     kMaxWindow, so the CPU spent spinning stays bounded; of the two
+//     estimates, the one whose window holds more recent samples wins (then
+//     the narrower);
 //   * otherwise (irregular): spin kAdaptiveMax when the median wait is short,
 //     else kAdaptiveFloor (sleep at once, in effect).
 class WaitPredictor {
@@ -85,7 +90,7 @@ class WaitPredictor {
   static constexpr std::chrono::microseconds kInitialNotifyLatency{50};
   // Timestamps further than this from the time they are reported are ignored.
   static constexpr std::chrono::seconds kStampHorizon{10};
-  static constexpr std::size_t kHistory = 16;
+  static constexpr std::size_t kHistory = 32;
   static constexpr std::size_t kMinSamples = 8;
 
   // The plan for a wait that starts at `start`.
@@ -112,6 +117,7 @@ class WaitPredictor {
   void record_timed_wake(WaitTime planned, WaitTime woke) noexcept;
 
   // Diagnostics: the 12.5th, 50th and 87.5th percentile of recent samples.
+  using Sorted = std::array<int64_t, kHistory>;
   struct Spread {
     std::chrono::nanoseconds low{0};
     std::chrono::nanoseconds median{0};
@@ -119,7 +125,7 @@ class WaitPredictor {
   };
   std::optional<Spread> wait_spread() const noexcept { return waits_.spread(); }
   std::optional<Spread> interval_spread() const noexcept { return intervals_.spread(); }
-  // How early a timed sleep is ended to be awake in time (87.5th percentile of recent lateness).
+  // How early a timed sleep is ended to be awake in time (nearly the largest recent lateness).
   std::chrono::nanoseconds wake_lateness() const noexcept;
   // The typical delay between a notify and the sleeper running (median).
   std::chrono::nanoseconds notify_latency() const noexcept;
@@ -143,13 +149,27 @@ class WaitPredictor {
     std::size_t size() const noexcept { return count < kHistory ? count : kHistory; }
     // nullopt with fewer than kMinSamples samples.
     std::optional<Spread> spread() const noexcept;
+    // The valid samples in ascending order; returns how many.
+    std::size_t sorted(Sorted& out) const noexcept;
   };
+  static Spread spread_of(const Sorted& ordered, std::size_t n) noexcept;
 
-  // A kPredicted plan for arrivals expected in [earliest, latest] (median
-  // `median`), or nullopt when its spinning would exceed the cap for a
-  // wait (or period) of `typical`.
-  std::optional<WaitPlan> predicted_plan(WaitTime start, WaitTime earliest, WaitTime median, WaitTime latest,
-                                         std::chrono::nanoseconds typical) const noexcept;
+  // Where recent arrivals fell, as offsets from a base time.
+  struct Window {
+    std::chrono::nanoseconds earliest{0};
+    std::chrono::nanoseconds latest{0};
+    std::chrono::nanoseconds median{0};  // of all recent samples
+    std::size_t covered = 0;             // recent samples inside [earliest, latest]
+  };
+  // The window for the `n` recent samples in `ordered` whose spin (margins
+  // included) fits `cap`, or nullopt (fewer than half of them fit).
+  static std::optional<Window> choose_window(const Sorted& ordered, std::size_t n,
+                                             std::chrono::nanoseconds cap) noexcept;
+
+  // A kPredicted plan for arrivals expected in `window` after `base`, or
+  // nullopt when its spinning would exceed `cap`.
+  std::optional<WaitPlan> predicted_plan(WaitTime start, WaitTime base, const Window& window,
+                                         std::chrono::nanoseconds cap) const noexcept;
   void add_arrival(WaitTime arrival) noexcept;
 
   History waits_;
