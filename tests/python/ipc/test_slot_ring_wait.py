@@ -1,0 +1,108 @@
+"""SlotRing waits: what the predictive (default) policy learns, that waits still end on
+time and on publish, and the handoff benchmark's consumer-CPU measurement."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tensorxfer.benchmarks import handoff
+from tensorxfer.ipc import SlotRing
+
+PERIOD_S = 0.002
+BATCHES = 80
+
+
+def _publish_periodically(ring: SlotRing, count: int, period_s: float, started: threading.Event) -> None:
+    with SlotRing.attach(ring.handle) as producer:
+        started.set()
+        deadline = time.monotonic()
+        for tick in range(count):
+            deadline += period_s
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            slot = producer.acquire_free(timeout=5.0)
+            producer.publish(slot, tick_id=tick)
+
+
+def _consume(ring: SlotRing, count: int) -> list[int]:
+    ticks = []
+    for _ in range(count):
+        slot, tick = ring.acquire_ready(timeout=5.0)
+        ticks.append(tick)
+        ring.release(slot)
+    return ticks
+
+
+def _run_periodic(ring: SlotRing, count: int = BATCHES) -> list[int]:
+    started = threading.Event()
+    thread = threading.Thread(target=_publish_periodically, args=(ring, count, PERIOD_S, started))
+    thread.start()
+    try:
+        assert started.wait(10.0)
+        return _consume(ring, count)
+    finally:
+        thread.join(10.0)
+
+
+def test_the_default_policy_learns_the_publish_period():
+    with SlotRing.create(depth=4, slot_nbytes=64) as ring:
+        assert ring.spin_us is None
+        assert _run_periodic(ring) == list(range(BATCHES))
+        stats = ring.wait_stats
+    assert stats["adaptive"] is True
+    assert sum(stats["ended"].values()) == BATCHES
+    assert stats["ended"]["timeout"] == 0
+    low, median, high = stats["interval_us"]
+    assert low <= median <= high
+    assert 1000.0 < median < 6000.0  # the producer's 2 ms period, from its publish timestamps
+    assert stats["wait_us"] is not None
+
+
+def test_a_fixed_spin_learns_nothing():
+    with SlotRing.create(depth=4, slot_nbytes=64, spin_us=0) as ring:
+        assert _run_periodic(ring, 20) == list(range(20))
+        stats = ring.wait_stats
+    assert stats["adaptive"] is False
+    assert sum(stats["ended"].values()) == 0
+    assert stats["interval_us"] is None and stats["wait_us"] is None
+
+
+def test_a_trained_wait_still_times_out_on_time_and_ends_on_an_early_publish():
+    with SlotRing.create(depth=4, slot_nbytes=64) as ring:
+        _run_periodic(ring)
+        # Nothing more comes: the wait ends at its timeout, not at a predicted arrival.
+        begin = time.monotonic()
+        with pytest.raises(TimeoutError):
+            ring.acquire_ready(timeout=0.05)
+        assert 0.049 <= time.monotonic() - begin < 1.0
+        assert ring.wait_stats["ended"]["timeout"] == 1
+        # Trained again, a publish long before the predicted arrival still ends the wait at once.
+        _run_periodic(ring, 40)
+        with SlotRing.attach(ring.handle) as producer:
+            timer = threading.Timer(0.0002, lambda: producer.publish(producer.acquire_free(timeout=5.0), 99))
+            begin = time.monotonic()
+            timer.start()
+            slot, tick = ring.acquire_ready(timeout=5.0)
+            waited = time.monotonic() - begin
+            timer.join()
+            ring.release(slot)
+    assert tick == 99
+    assert waited < 0.5
+
+
+def test_wait_stats_of_a_closed_ring_raise():
+    ring = SlotRing.create(depth=2, slot_nbytes=8)
+    ring.close()
+    with pytest.raises(ValueError, match="closed"):
+        ring.wait_stats
+
+
+@pytest.mark.multiprocess
+def test_handoff_bench_reports_the_consumer_cpu_share():
+    latencies, spinning_cpu = handoff.measure_latency_and_cpu("slot_ring_spin", 40, 0.0005, 5)
+    assert len(latencies) == 40 and all(lat > 0 for lat in latencies)
+    _, sleeping_cpu = handoff.measure_latency_and_cpu("slot_ring_nospin", 40, 0.0005, 5)
+    assert 0.0 <= sleeping_cpu < spinning_cpu <= 110.0
+    assert spinning_cpu > 20.0  # a 1 ms spin outlasts every 0.5 ms gap: the consumer is busy
