@@ -125,11 +125,13 @@ def bench_handoff(report: Report, sizes: dict) -> None:
     p50s: dict[str, list[float]] = {t: [] for t in transports}
     p99s: dict[str, list[float]] = {t: [] for t in transports}
     rates: dict[str, list[float]] = {t: [] for t in transports}
+    cpus: dict[str, list[float]] = {t: [] for t in transports}
     for round_index in range(sizes["handoff_rounds"]):
         shift = round_index % len(transports)
         for transport in transports[shift:] + transports[:shift]:
-            lat = handoff.measure_latency(transport, sizes["latency_batches"], sizes["interval_s"],
-                                          sizes["latency_warmup"])
+            lat, cpu = handoff.measure_latency_and_cpu(transport, sizes["latency_batches"], sizes["interval_s"],
+                                                       sizes["latency_warmup"])
+            cpus[transport].append(cpu)
             p50s[transport].append(percentile(lat, 50))
             p99s[transport].append(percentile(lat, 99))
             rates[transport].append(handoff.measure_throughput(
@@ -138,6 +140,7 @@ def bench_handoff(report: Report, sizes: dict) -> None:
         label = handoff.LABELS[transport]
         report.add(latency_case, label, "p50", p50s[transport], "us", lower_is_better=True)
         report.add(latency_case, label, "p99", p99s[transport], "us", lower_is_better=True)
+        report.add(latency_case, label, "consumer CPU", cpus[transport], "% of a core", lower_is_better=True)
         report.add(throughput_case, label, "throughput", rates[transport], "batches/s", lower_is_better=False)
         report.add(throughput_case, label, "bandwidth",
                    [r * sizes["throughput_bytes"] / 1e9 for r in rates[transport]], "GB/s",
@@ -153,6 +156,8 @@ def bench_handoff(report: Report, sizes: dict) -> None:
             report.compare(throughput_case, "throughput", handoff.LABELS[ring], baseline, target=5.0)
     report.note(f"latency p50/p99 are medians over {sizes['handoff_rounds']} rounds of "
                 f"{sizes['latency_batches']} batches each; throughput is the median of the rounds")
+    report.note("consumer CPU: the consumer process's CPU time over wall time during the latency run "
+                "(a waiter that spins trades CPU for latency)")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
