@@ -1,8 +1,9 @@
 // SlotRing handoffs between two processes (no Python): round trips through
 // two rings, and the one-way latency of a 64-byte batch published every
 // 0.5 ms to a consumer that is already waiting. Arg = spin budget in us
-// (-1 = adaptive); both sides use it.
+// (-1 = adaptive, the predictive default); both sides use it.
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <benchmark/benchmark.h>
@@ -29,6 +30,12 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
+}
+
+double thread_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
 bool write_all(int fd, const void* data, std::size_t n) { return ::write(fd, data, n) == static_cast<ssize_t>(n); }
@@ -83,7 +90,9 @@ void BM_RingRoundTripProcesses(benchmark::State& state) {
 BENCHMARK(BM_RingRoundTripProcesses)->Arg(0)->Arg(50)->Arg(200)->Arg(-1)->UseRealTime();
 
 // The handoff case: one batch every 0.5 ms, consumer already waiting.
-// Reports p50/p99 of publish -> acquire_ready return, in microseconds.
+// Reports p50/p99 of publish -> acquire_ready return, in microseconds, the
+// consumer thread's CPU use in percent of a core, and (adaptive) how many
+// waits ended in the predicted window.
 void BM_RingLatencyEvery500us(benchmark::State& state) {
   const auto spin = policy_for(state.range(0));
   constexpr int kBatches = 2000;
@@ -108,11 +117,16 @@ void BM_RingLatencyEvery500us(benchmark::State& state) {
     }
     std::vector<double> latencies;
     latencies.reserve(kBatches);
+    const double cpu_begin = thread_cpu_seconds();
+    const auto wall_begin = std::chrono::steady_clock::now();
     for (int i = 0; i < kBatches; ++i) {
       const ReadySlot ready = ring->acquire_ready(10s);
       latencies.push_back(static_cast<double>(now_ns() - ready.publish_ns) / 1000.0);
       ring->release(ready.slot);
     }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_begin).count();
+    state.counters["cpu_pct"] = 100.0 * (thread_cpu_seconds() - cpu_begin) / wall;
+    state.counters["in_window"] = static_cast<double>(ring->spin_policy().predictor().outcomes().window);
     ::waitpid(child, nullptr, 0);
     std::sort(latencies.begin() + 100, latencies.end());  // skip warm-up
     const std::size_t n = latencies.size() - 100;

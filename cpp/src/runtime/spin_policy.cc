@@ -25,15 +25,40 @@ bool stamp_plausible(WaitTime stamp, WaitTime reference) noexcept {
 // ---- WaitPredictor::History ----------------------------------------------------
 
 void WaitPredictor::History::add(nanoseconds sample) noexcept {
+  if (keep_ordered && kept_count == count) {
+    next_leaving = count >= kHistory ? std::optional<int64_t>(samples[count % kHistory]) : std::nullopt;
+  }
   samples[count % kHistory] = std::clamp(sample, nanoseconds::zero(), kMaxSample).count();
   ++count;
 }
 
-std::size_t WaitPredictor::History::sorted(Sorted& out) const noexcept {
+const WaitPredictor::Sorted& WaitPredictor::History::ordered(Sorted& scratch) const noexcept {
   const std::size_t n = size();
-  std::copy(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(n), out.begin());
-  std::sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
-  return n;
+  if (!keep_ordered || count - kept_count > 1) {
+    Sorted& out = keep_ordered ? kept : scratch;
+    std::copy(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(n), out.begin());
+    std::sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
+    if (keep_ordered) kept_count = count;
+    return out;
+  }
+  if (kept_count == count) return kept;
+  // One new sample: a hole moves from where the leaving sample was (or the
+  // end) to where the new one belongs; only the samples in between shift.
+  const int64_t value = samples[(count - 1) % kHistory];
+  int64_t* const begin = kept.data();
+  int64_t* const end = begin + n;
+  int64_t* hole = next_leaving ? std::lower_bound(begin, end, *next_leaving) : end - 1;
+  while (hole + 1 < end && hole[1] < value) {
+    hole[0] = hole[1];
+    ++hole;
+  }
+  while (hole > begin && hole[-1] > value) {
+    hole[0] = hole[-1];
+    --hole;
+  }
+  *hole = value;
+  kept_count = count;
+  return kept;
 }
 
 WaitPredictor::Spread WaitPredictor::spread_of(const Sorted& ordered, std::size_t n) noexcept {
@@ -41,10 +66,10 @@ WaitPredictor::Spread WaitPredictor::spread_of(const Sorted& ordered, std::size_
 }
 
 std::optional<WaitPredictor::Spread> WaitPredictor::History::spread() const noexcept {
-  Sorted ordered;
-  const std::size_t n = sorted(ordered);
+  const std::size_t n = size();
   if (n < kMinSamples) return std::nullopt;
-  return spread_of(ordered, n);
+  Sorted scratch;
+  return spread_of(ordered(scratch), n);
 }
 
 // ---- WaitPredictor: learning ---------------------------------------------------
@@ -97,8 +122,9 @@ void WaitPredictor::record_timed_wake(WaitTime planned, WaitTime woke) noexcept 
 }
 
 nanoseconds WaitPredictor::wake_lateness() const noexcept {
-  Sorted ordered;
-  const std::size_t n = wake_lateness_.sorted(ordered);
+  Sorted scratch;
+  const Sorted& ordered = wake_lateness_.ordered(scratch);
+  const std::size_t n = wake_lateness_.size();
   // Nearly the latest recent wake-up (the 3rd latest of 32): waking early costs
   // a little spinning, waking late costs a notify wake-up.
   return n < kMinSamples ? nanoseconds(kInitialWakeLateness) : nanoseconds(ordered[n - 1 - n / 16]);
@@ -168,9 +194,9 @@ std::optional<WaitPlan> WaitPredictor::predicted_plan(WaitTime start, WaitTime b
 WaitPlan WaitPredictor::plan(WaitTime start) const noexcept {
   WaitPlan plan;
   plan.predicted_arrival = plan.wake_at = plan.window_end = start;
-  // Each history is sorted at most once: this runs at the start of every wait.
-  Sorted waits;
-  const std::size_t wait_count = waits_.sorted(waits);
+  Sorted wait_scratch;
+  const Sorted& waits = waits_.ordered(wait_scratch);  // kept sorted: no work here
+  const std::size_t wait_count = waits_.size();
   const bool waits_known = wait_count >= kMinSamples;
   const bool intervals_known = intervals_.size() >= kMinSamples;
   if (!waits_known && !intervals_known) {
@@ -207,9 +233,8 @@ WaitPlan WaitPredictor::plan(WaitTime start) const noexcept {
   };
   if (waits_known) consider(start, waits, wait_count);
   if (intervals_known && last_arrival_) {
-    Sorted intervals;
-    const std::size_t interval_count = intervals_.sorted(intervals);
-    consider(*last_arrival_, intervals, interval_count);
+    Sorted interval_scratch;
+    consider(*last_arrival_, intervals_.ordered(interval_scratch), intervals_.size());
   }
   if (best) return *best;
   if (!waits_known) {

@@ -341,6 +341,32 @@ TEST(SpinPolicyTest, AnOverduePeriodicArrivalFallsBackToTheWaitEstimate) {
   EXPECT_EQ(plan.predicted_arrival, late_start + 480us);
 }
 
+TEST(SpinPolicyTest, SpreadsFollowExactlyTheLastSamples) {
+  // Checked after every sample (the sorted copy is updated one sample at a
+  // time) and after a burst of samples without a look in between.
+  WaitPredictor predictor;
+  const std::vector<nanoseconds> waits = spread_waits(1us, 5ms, 3 * kFull + 5, 11);
+  auto expect_spread_of_last = [&](std::size_t recorded) {
+    const std::size_t n = std::min(recorded, kFull);
+    std::vector<nanoseconds> last(waits.begin() + static_cast<std::ptrdiff_t>(recorded - n),
+                                  waits.begin() + static_cast<std::ptrdiff_t>(recorded));
+    std::sort(last.begin(), last.end());
+    const auto spread = predictor.wait_spread();
+    ASSERT_TRUE(spread.has_value()) << recorded;
+    EXPECT_EQ(spread->low, last[n / 8]) << recorded;
+    EXPECT_EQ(spread->median, last[n / 2]) << recorded;
+    EXPECT_EQ(spread->high, last[n - 1 - n / 8]) << recorded;
+  };
+  WaitTime at = kEpoch;
+  for (std::size_t i = 0; i < waits.size(); ++i) {
+    at += 20us;
+    predictor.record_arrival(at, at + waits[i], std::nullopt, false);
+    at += waits[i];
+    if (i + 1 >= WaitPredictor::kMinSamples && i < 2 * kFull) expect_spread_of_last(i + 1);
+  }
+  expect_spread_of_last(waits.size());
+}
+
 TEST(SpinPolicyTest, CopiesCarryWhatWasLearned) {
   SpinPolicy spin = SpinPolicy::adaptive();
   for (int i = 0; i < 16; ++i) {

@@ -141,16 +141,28 @@ class WaitPredictor {
   const Outcomes& outcomes() const noexcept { return outcomes_; }
 
  private:
-  // The last kHistory samples, the oldest overwritten first.
+  // The last kHistory samples, the oldest overwritten first. The waits are
+  // also kept in ascending order, because every plan needs their spread: a
+  // new sample is moved into place when the next plan asks (O(kHistory),
+  // usually a few moves, and not on the path that returns an arrival). The
+  // other histories are sorted only when a long wait is planned.
   struct History {
-    std::array<int64_t, kHistory> samples{};
-    std::size_t count = 0;  // samples recorded so far
+    explicit History(bool keep_ordered) noexcept : keep_ordered(keep_ordered) {}
     void add(std::chrono::nanoseconds sample) noexcept;
     std::size_t size() const noexcept { return count < kHistory ? count : kHistory; }
+    // The samples in ascending order: the kept copy (brought up to date), or `scratch` sorted.
+    const Sorted& ordered(Sorted& scratch) const noexcept;
     // nullopt with fewer than kMinSamples samples.
     std::optional<Spread> spread() const noexcept;
-    // The valid samples in ascending order; returns how many.
-    std::size_t sorted(Sorted& out) const noexcept;
+
+    bool keep_ordered;
+    std::array<int64_t, kHistory> samples{};  // in arrival order, a ring
+    std::size_t count = 0;                    // samples recorded so far
+    // keep_ordered: the samples as of `kept_count`, ascending, and the sample
+    // the one after that pushed out of the ring (if it did).
+    mutable Sorted kept{};
+    mutable std::size_t kept_count = 0;
+    std::optional<int64_t> next_leaving;
   };
   static Spread spread_of(const Sorted& ordered, std::size_t n) noexcept;
 
@@ -172,10 +184,10 @@ class WaitPredictor {
                                          std::chrono::nanoseconds cap) const noexcept;
   void add_arrival(WaitTime arrival) noexcept;
 
-  History waits_;
-  History intervals_;
-  History wake_lateness_;
-  History notify_latency_;
+  History waits_{true};
+  History intervals_{false};
+  History wake_lateness_{false};
+  History notify_latency_{false};
   std::optional<WaitTime> last_arrival_;  // unset when the previous wait's arrival is unknown
   bool last_timed_out_ = false;
   Outcomes outcomes_;
