@@ -1,7 +1,7 @@
 // Wait/wake round trips through EventCount (spin-then-futex), across threads
 // and across processes, with several spin budgets. Arg = spin budget in us,
-// -1 = adaptive. A round trip is: A publishes, B (waiting) sees it and
-// answers, A (waiting) sees the answer.
+// -1 = adaptive (the predictive default). A round trip is: A publishes, B
+// (waiting) sees it and answers, A (waiting) sees the answer.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -10,6 +10,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "tensorxfer/runtime/futex.h"
@@ -93,6 +94,25 @@ void BM_RoundTripProcesses(benchmark::State& state) {
   ::munmap(memory, 4096);
 }
 BENCHMARK(BM_RoundTripProcesses)->Arg(0)->Arg(20)->Arg(50)->Arg(200)->Arg(-1)->UseRealTime();
+
+// What the adaptive policy adds to every wait: a plan at the start and a
+// record at the end. Arg 0: short waits (~1 us, the spin-through regime);
+// arg 1: 0.5 ms periodic arrivals with publish stamps (predicted windows).
+void BM_AdaptivePlanAndRecord(benchmark::State& state) {
+  SpinPolicy spin = SpinPolicy::adaptive();
+  const bool long_waits = state.range(0) == 1;
+  WaitTime at = WaitClock::now();
+  uint64_t round = 0;
+  for (auto _ : state) {
+    const WaitTime start = at;
+    benchmark::DoNotOptimize(spin.plan(start));
+    ++round;
+    at += long_waits ? std::chrono::nanoseconds(500000 + static_cast<int64_t>(round % 9) * 1000)
+                     : std::chrono::nanoseconds(1000 + static_cast<int64_t>(round % 7) * 100);
+    spin.record_arrival(start, at, long_waits ? std::optional<WaitTime>(at) : std::nullopt, false);
+  }
+}
+BENCHMARK(BM_AdaptivePlanAndRecord)->Arg(0)->Arg(1);
 
 // What a notify costs when nobody sleeps (the common case with spinning).
 void BM_NotifyWithoutSleepers(benchmark::State& state) {
