@@ -100,6 +100,8 @@ class SlotRing {
   // Publish sequences skipped because their producer died before filling them.
   uint64_t skipped_sequences() const noexcept { return skipped_sequences_; }
 
+  // How waits spend their time (runtime/spin_policy.h). acquire_ready gives the
+  // adaptive policy each slot's publish time, so it learns the producers' period.
   const runtime::SpinPolicy& spin_policy() const noexcept { return spin_; }
   void set_spin_policy(const runtime::SpinPolicy& spin) noexcept { spin_ = spin; }
 
