@@ -27,15 +27,20 @@ def shm_exists(name: str) -> bool:
 # ---- workers (module level so spawn can import them) ----------------------------
 
 
-def produce(handle, producer_id: int, count: int) -> None:
+def publish_batches(ring, producer_id: int, count: int) -> None:
     """Publishes `count` slots filled with (producer_id, i), tick (producer_id << 32) | i."""
+    for index in range(count):
+        slot = ring.acquire_free(timeout=10.0)
+        view = ring.slot_array(slot)
+        view[:16].view(np.int64)[:] = (producer_id, index)
+        view[16:] = index % 251
+        ring.publish(slot, tick_id=(producer_id << 32) | index)
+
+
+def produce(handle, producer_id: int, count: int) -> None:
+    """Attaches and publishes `count` batches (see publish_batches)."""
     with SlotRing.attach(handle) as ring:
-        for index in range(count):
-            slot = ring.acquire_free(timeout=10.0)
-            view = ring.slot_array(slot)
-            view[:16].view(np.int64)[:] = (producer_id, index)
-            view[16:] = index % 251
-            ring.publish(slot, tick_id=(producer_id << 32) | index)
+        publish_batches(ring, producer_id, count)
 
 
 def hold_a_slot_forever(handle, holding) -> None:
@@ -46,11 +51,13 @@ def hold_a_slot_forever(handle, holding) -> None:
     time.sleep(60)
 
 
-def produce_after(handle, go, count: int) -> None:
-    """Waits for `go`, then publishes `count` slots."""
-    if not go.wait(timeout=20.0):
-        raise SystemExit(3)
-    produce(handle, 1, count)
+def produce_after(handle, attached, go, count: int) -> None:
+    """Attaches (and says so), waits for `go`, then publishes `count` slots."""
+    with SlotRing.attach(handle) as ring:
+        attached.set()
+        if not go.wait(timeout=20.0):
+            raise SystemExit(3)
+        publish_batches(ring, 1, count)
 
 
 def consume_until_killed(handles) -> None:
@@ -131,10 +138,13 @@ def test_killed_producers_slot_is_reclaimed_and_consumer_keeps_going(method):
     name = ring.name
     with Children(method) as children, ring:
         holding = children.context.Event()
+        attached = children.context.Event()
         go = children.context.Event()
         victim = children.start(hold_a_slot_forever, ring.handle, holding)
-        survivor = children.start(produce_after, ring.handle, go, 5)
-        assert holding.wait(timeout=20.0)
+        survivor = children.start(produce_after, ring.handle, attached, go, 5)
+        # The survivor attaches before the victim dies, so the consumer always has a
+        # live producer to wait for and must not report the ring's peers lost.
+        assert holding.wait(timeout=20.0) and attached.wait(timeout=20.0)
         children.kill(victim)
         go.set()
         ticks = []
