@@ -86,12 +86,17 @@ def _make_sender(transport: str, channel: Any, source: np.ndarray) -> Callable[[
     if transport.startswith("slot_ring"):
         from tensorxfer.ipc import SlotRing
 
+        from tensorxfer.runtime import CopyEngine
+
         ring = SlotRing.attach(channel, **_ring_spin_kwargs(transport))
+        # The ring's producer fills slots with the library's copy engine, as a
+        # tensorxfer user would (torch's copy_ below is multi-threaded too).
+        engine = CopyEngine()
 
         def send(sequence: int) -> None:
             slot = ring.acquire_free(timeout=_TIMEOUT_S)
             view = ring.slot_array(slot)
-            view[: source.nbytes] = source
+            engine.copy(view[: source.nbytes], source)
             header = view[:16].view(np.int64)
             header[1] = sequence
             header[0] = time.monotonic_ns()

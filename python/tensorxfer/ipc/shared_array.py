@@ -23,6 +23,7 @@ from typing import Any, Sequence, Tuple, Union
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer._resource import SharedResource
 
 __all__ = ["SharedArray", "SharedArrayHandle"]
 
@@ -61,11 +62,14 @@ def _normalize_dtype(dtype: Any) -> np.dtype:
     return result
 
 
-class SharedArray:
+class SharedArray(SharedResource):
     """A C-contiguous numpy array backed by a shared-memory segment.
 
     Build it with :meth:`create` or :meth:`attach`; usable as a context manager.
     """
+
+    _kind = "shared array"
+    _share_hint = "pass .handle and call SharedArray.attach(handle)"
 
     def __init__(self, segment: Any, shape: Tuple[int, ...], dtype: np.dtype) -> None:
         self._segment = segment
@@ -104,14 +108,10 @@ class SharedArray:
             )
         return cls(segment, shape, dtype)
 
-    def _live(self) -> None:
-        if self._closed:
-            raise ValueError("shared array is closed")
-
     @property
     def handle(self) -> SharedArrayHandle:
         """A small picklable handle for :meth:`attach` in another process."""
-        self._live()
+        self._ensure_open()
         return SharedArrayHandle(self._segment.name, tuple(self._array.shape), self._array.dtype.str)
 
     @property
@@ -122,7 +122,7 @@ class SharedArray:
     @property
     def array(self) -> np.ndarray:
         """The numpy view (zero-copy)."""
-        self._live()
+        self._ensure_open()
         return self._array
 
     @property
@@ -148,25 +148,10 @@ class SharedArray:
 
     def close(self) -> None:
         """Detach; the creator (or the last user) removes the shared-memory name. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._segment.detach()
+        super().close()
 
-    def __enter__(self) -> "SharedArray":
-        self._live()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
-
-    def __reduce__(self) -> Any:
-        raise TypeError("SharedArray objects cannot be pickled; pass .handle and call SharedArray.attach(handle)")
+    def _release(self) -> None:
+        self._segment.detach()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

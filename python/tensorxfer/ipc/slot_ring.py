@@ -49,6 +49,7 @@ from typing import Any, List, Optional, Tuple, Union
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer._resource import SharedResource
 
 __all__ = ["SlotRing", "SlotRingHandle"]
 
@@ -101,7 +102,7 @@ def _check_spin(spin_us: Optional[float]) -> Optional[float]:
     return spin_us
 
 
-class SlotRing:
+class SlotRing(SharedResource):
     """A ring of ``depth`` shared slots of ``slot_nbytes`` bytes each.
 
     Build it with :meth:`create` (the consumer) or :meth:`attach` (a producer);
@@ -109,6 +110,9 @@ class SlotRing:
     Waits follow ``spin_us`` (by default they predict the next arrival and spin
     only around it; see the module docstring and :attr:`wait_stats`).
     """
+
+    _kind = "ring"
+    _share_hint = "pass ring.handle and call SlotRing.attach(handle)"
 
     def __init__(self, core: Any) -> None:
         self._core = core
@@ -170,8 +174,7 @@ class SlotRing:
     # ---- properties -----------------------------------------------------------
 
     def _live(self) -> Any:
-        if self._closed:
-            raise ValueError("ring is closed")
+        self._ensure_open()
         return self._core
 
     @property
@@ -199,11 +202,6 @@ class SlotRing:
     def is_consumer(self) -> bool:
         """True for the ring's creator (the one process that may acquire_ready / release)."""
         return self._core.is_consumer
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
 
     @property
     def spin_us(self) -> Optional[float]:
@@ -348,25 +346,10 @@ class SlotRing:
         closes the ring (waiting producers get ``PeerLost``) and removes its name.
         Idempotent.  Afterwards every method raises ``ValueError("ring is closed")``.
         """
-        if not self._closed:
-            self._closed = True
-            self._core.close()
+        super().close()
 
-    def __enter__(self) -> "SlotRing":
-        self._live()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
-
-    def __reduce__(self) -> Any:
-        raise TypeError("SlotRing objects cannot be pickled; pass ring.handle and call SlotRing.attach(handle)")
+    def _release(self) -> None:
+        self._core.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("consumer" if self.is_consumer else "producer")
