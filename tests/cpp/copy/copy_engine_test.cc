@@ -1,6 +1,8 @@
 #include "tensorxfer/copy/copy_engine.h"
 
 #include <gtest/gtest.h>
+
+#include "support/process.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,20 +248,16 @@ TEST(CopyEngineTest, WorksInAForkedChild) {
   const auto source = pattern(4 << 20, 3);
   std::vector<uint8_t> target(source.size());
   engine->copy(target.data(), source.data(), source.size());  // workers are running now
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const pid_t child = testing::fork_child([&] {
     std::vector<uint8_t> again(source.size());
     engine->copy(again.data(), source.data(), source.size());
     std::atomic<int> total{0};
     engine->parallel_for(100, 1, [&](std::size_t b, std::size_t e) { total += static_cast<int>(e - b); });
     engine.reset();  // must not join (or hang on) the parent's workers
-    ::_exit(again == source && total.load() == 100 ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    return again == source && total.load() == 100 ? 0 : 1;
+  });
+  ASSERT_GE(child, 0);
+  EXPECT_EQ(testing::wait_exit_code(child), 0);
 }
 #endif
 

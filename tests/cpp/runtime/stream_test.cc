@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/process.h"
 #include "support/stream_gate.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
@@ -265,9 +266,7 @@ TEST(HostStreamTest, ForkedChildRefusesWorkAndDoesNotHang) {
   auto stream = std::make_unique<HostStream>();
   stream->enqueue([] {});
   stream->synchronize(10s);  // the worker is asleep in its condition variable now
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const pid_t child = testing::fork_child([&] {
     bool refused = false;
     try {
       stream->enqueue([] {});
@@ -275,12 +274,10 @@ TEST(HostStreamTest, ForkedChildRefusesWorkAndDoesNotHang) {
       refused = std::string(error.what()).find("forked child") != std::string::npos;
     }
     stream.reset();  // must neither join nor destroy the parent's waiters
-    ::_exit(refused ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    return refused ? 0 : 1;
+  });
+  ASSERT_GE(child, 0);
+  EXPECT_EQ(testing::wait_exit_code(child), 0);
 }
 #endif
 
