@@ -14,7 +14,8 @@ run_sanitized() {
   cmake -S "$TOP" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTENSORXFER_SANITIZE="$sanitize" \
     -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_PYTHON=OFF -DTENSORXFER_WITH_CUDA=OFF >/dev/null
   cmake --build "$dir" -j2
-  (cd "$dir" && ctest --output-on-failure -j2 --timeout 600 ${filter:+-R "$filter"})
+  # Serially: see scripts/test.sh.
+  (cd "$dir" && ctest --output-on-failure --timeout 600 ${filter:+-R "$filter"})
 }
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
