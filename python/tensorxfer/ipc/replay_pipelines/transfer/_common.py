@@ -8,6 +8,7 @@ through the ``_``-prefixed hooks documented on the class.
 
 from __future__ import annotations
 
+import abc
 import math
 import numbers
 import threading
@@ -129,7 +130,7 @@ class SubmittedCopy(NamedTuple):
     end_event: Any = None
 
 
-class TransferBackendBase:
+class TransferBackendBase(abc.ABC):
     """The public methods of ``ReplayTransferBackend``, on top of these hooks:
 
     * ``_register_host_slots_impl(slots) -> list`` pins/pre-faults validated
@@ -344,23 +345,28 @@ class TransferBackendBase:
             self._stream_wait_ready(slot, timeout)
 
     # -- hooks -----------------------------------------------------------------
+    @abc.abstractmethod
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Any]:
-        raise NotImplementedError
+        """Device-specific registration of validated host slots; returns what _release_host_slots_impl undoes."""
 
     def _release_host_slots_impl(self, registration: List[Any]) -> None:
         pass
 
+    @abc.abstractmethod
     def _allocate_impl(self, count: int, shape: Tuple[int, ...], dtype: Any) -> List[Any]:
-        raise NotImplementedError
+        """``count`` contiguous slots of ``shape`` and ``dtype`` on the device."""
 
+    @abc.abstractmethod
     def _enqueue_h2d(self, slot: int, dst: Any, src: Any, h2d_bytes: Any, timing: bool) -> SubmittedCopy:
-        raise NotImplementedError
+        """Queues the copy on the copy stream and records the slot's ready event."""
 
+    @abc.abstractmethod
     def _query_ready(self, slot: int) -> bool:
-        raise NotImplementedError
+        """Whether the slot's last copy finished; never blocks."""
 
+    @abc.abstractmethod
     def _wait_ready(self, slot: int, timeout: float) -> None:
-        raise NotImplementedError
+        """Blocks the caller until the slot's last copy finished; TimeoutError after ``timeout``."""
 
     def _stream_wait_ready(self, slot: int, timeout: float) -> None:
         self._wait_ready(slot, timeout)
