@@ -73,8 +73,8 @@ def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> i
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
     if value < low or (high is not None and value >= high):
-        bounds = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
+        bounds = f"be in [{low}, {high})" if high is not None else f"be >= {low}"
+        raise ValueError(f"{name} must {bounds}, got {value}")
     return value
 
 
