@@ -135,10 +135,16 @@ TEST(CopyEngineTest, WorkerExceptionIsRethrownOnTheCaller) {
 TEST(CopyEngineTest, CallerExceptionStopsHandingOutRanges) {
   CopyEngine engine(1);
   std::atomic<std::size_t> ran{0};
+  // Each range busies its thread for 10 us, so even if the throwing thread is
+  // preempted for a while the other cannot finish all 100000 ranges (1 s) first.
   EXPECT_THROW(engine.parallel_for(100000, 1,
                                    [&](std::size_t begin, std::size_t) {
                                      ran.fetch_add(1);
                                      if (begin == 0) throw std::runtime_error("first range fails");
+                                     const auto until = std::chrono::steady_clock::now() +
+                                                        std::chrono::microseconds(10);
+                                     while (std::chrono::steady_clock::now() < until) {
+                                     }
                                    }),
                std::runtime_error);
   EXPECT_LT(ran.load(), 100000u);
