@@ -233,26 +233,6 @@ TEST(ShmSegmentTest, SurvivorUnlinksWhenTheCreatorDied) {
   EXPECT_FALSE(shm_name_exists(name));
 }
 
-TEST(ShmSegmentTest, AttachToADeadCreatorsSegmentIsPeerLostAndRemovesIt) {
-  int pipe_fds[2];
-  ASSERT_EQ(::pipe(pipe_fds), 0);
-  const pid_t child = fork_child([&] {
-    ShmSegment segment = ShmSegment::create(64, kTestKind);
-    char name[128] = {};
-    std::strncpy(name, segment.name().c_str(), sizeof(name) - 1);
-    if (::write(pipe_fds[1], name, sizeof(name)) != sizeof(name)) return 1;
-    ::_exit(0);  // exits without detaching
-  });
-  char name[128] = {};
-  ASSERT_EQ(::read(pipe_fds[0], name, sizeof(name)), static_cast<ssize_t>(sizeof(name)));
-  ::close(pipe_fds[0]);
-  ::close(pipe_fds[1]);
-  ASSERT_EQ(wait_exit_code(child), 0);
-  ASSERT_TRUE(shm_name_exists(name));
-  EXPECT_THROW((void)ShmSegment::attach(name, kTestKind), PeerLost);
-  EXPECT_FALSE(shm_name_exists(name));
-}
-
 // Returns the name of a segment created by a child that then exited without cleanup.
 std::string leak_segment_from_dead_child() {
   int pipe_fds[2];
@@ -270,6 +250,14 @@ std::string leak_segment_from_dead_child() {
   ::close(pipe_fds[1]);
   if (wait_exit_code(child) != 0 || got != static_cast<ssize_t>(sizeof(name))) return "";
   return name;
+}
+
+TEST(ShmSegmentTest, AttachToADeadCreatorsSegmentIsPeerLostAndRemovesIt) {
+  const std::string name = leak_segment_from_dead_child();
+  ASSERT_FALSE(name.empty());
+  ASSERT_TRUE(shm_name_exists(name));
+  EXPECT_THROW((void)ShmSegment::attach(name, kTestKind), PeerLost);
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 TEST(ShmSegmentTest, SweepRemovesOnlyValidSegmentsOfDeadCreators) {
