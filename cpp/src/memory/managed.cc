@@ -220,36 +220,41 @@ void prefetch(const void* pointer, std::size_t bytes, int device, void* stream) 
 #endif
 }
 
-void advise_preferred_location(const void* pointer, std::size_t bytes, int device) {
-  check_device_id(device, "advise_managed_tensor_preferred_location", true);
+namespace {
+
+enum class Advice { kPreferredLocation, kAccessedBy };
+
+// The one body of both advise calls: validates like the reference (accessed-by
+// needs a GPU id, preferred location also takes -1), then cudaMemAdvise in the
+// CUDA 13 cudaMemLocation form or the older device-id form.
+void apply_advice(const void* pointer, std::size_t bytes, int device, Advice advice, const char* api) {
+  const bool preferred = advice == Advice::kPreferredLocation;
+  check_device_id(device, api, preferred);
   if (bytes == 0) return;
-  require_target(device, "advise_managed_tensor_preferred_location");
-  require_managed(pointer, "advise_managed_tensor_preferred_location");
+  require_target(device, api);
+  require_managed(pointer, api);
 #ifdef TENSORXFER_WITH_CUDA
+  const cudaMemoryAdvise cuda_advice =
+      preferred ? cudaMemAdviseSetPreferredLocation : cudaMemAdviseSetAccessedBy;
+  const char* call = preferred ? "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)"
+                               : "cudaMemAdvise(cudaMemAdviseSetAccessedBy)";
 #if CUDART_VERSION >= 13000
-  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetPreferredLocation, location_of(device)),
-             "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)");
+  check_cuda(cudaMemAdvise(pointer, bytes, cuda_advice, location_of(device)), call);
 #else
-  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetPreferredLocation, device),
-             "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)");
+  check_cuda(cudaMemAdvise(pointer, bytes, cuda_advice, device), call);
 #endif
 #endif
 }
 
+}  // namespace
+
+void advise_preferred_location(const void* pointer, std::size_t bytes, int device) {
+  apply_advice(pointer, bytes, device, Advice::kPreferredLocation,
+               "advise_managed_tensor_preferred_location");
+}
+
 void advise_accessed_by(const void* pointer, std::size_t bytes, int device) {
-  check_device_id(device, "advise_managed_tensor_accessed_by", false);
-  if (bytes == 0) return;
-  require_target(device, "advise_managed_tensor_accessed_by");
-  require_managed(pointer, "advise_managed_tensor_accessed_by");
-#ifdef TENSORXFER_WITH_CUDA
-#if CUDART_VERSION >= 13000
-  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetAccessedBy, location_of(device)),
-             "cudaMemAdvise(cudaMemAdviseSetAccessedBy)");
-#else
-  check_cuda(cudaMemAdvise(pointer, bytes, cudaMemAdviseSetAccessedBy, device),
-             "cudaMemAdvise(cudaMemAdviseSetAccessedBy)");
-#endif
-#endif
+  apply_advice(pointer, bytes, device, Advice::kAccessedBy, "advise_managed_tensor_accessed_by");
 }
 
 }  // namespace tensorxfer::memory::managed
