@@ -13,9 +13,9 @@
 #include <optional>
 #include <thread>
 
-#include "tensorxfer/runtime/futex.h"
+#include "tensorxfer/sync/futex.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 using namespace std::chrono_literals;
@@ -129,4 +129,4 @@ void BM_FutexWakeSyscall(benchmark::State& state) {
 BENCHMARK(BM_FutexWakeSyscall);
 
 }  // namespace
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

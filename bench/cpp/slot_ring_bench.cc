@@ -21,9 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-runtime::SpinPolicy policy_for(int64_t spin_us) {
-  return spin_us < 0 ? runtime::SpinPolicy::adaptive()
-                     : runtime::SpinPolicy::fixed(std::chrono::microseconds(spin_us));
+sync::SpinPolicy policy_for(int64_t spin_us) {
+  return spin_us < 0 ? sync::SpinPolicy::adaptive()
+                     : sync::SpinPolicy::fixed(std::chrono::microseconds(spin_us));
 }
 
 uint64_t now_ns() {

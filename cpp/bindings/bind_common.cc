@@ -136,11 +136,6 @@ void bind_common(py::module_& module) {
 #else
   build["cuda"] = false;
 #endif
-#ifdef TENSORXFER_WITH_MPI
-  build["mpi"] = true;
-#else
-  build["mpi"] = false;
-#endif
 #ifdef TENSORXFER_WITH_NUMA
   build["numa"] = true;
 #else

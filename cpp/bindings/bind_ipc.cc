@@ -37,16 +37,16 @@ std::chrono::nanoseconds timeout_from_seconds(const std::optional<double>& secon
   return std::chrono::nanoseconds(static_cast<int64_t>(*seconds * 1e9));
 }
 
-runtime::SpinPolicy spin_from_us(const std::optional<double>& spin_us) {
-  if (!spin_us) return runtime::SpinPolicy::adaptive();
+sync::SpinPolicy spin_from_us(const std::optional<double>& spin_us) {
+  if (!spin_us) return sync::SpinPolicy::adaptive();
   TENSORXFER_CHECK(InvalidArgument, !std::isnan(*spin_us) && *spin_us >= 0.0, "spin_us must be None (adaptive) ",
                    "or a number of microseconds >= 0, got ", *spin_us);
-  TENSORXFER_CHECK(InvalidArgument, *spin_us <= static_cast<double>(runtime::SpinPolicy::kFixedMax.count()),
-                   "spin_us must be at most ", runtime::SpinPolicy::kFixedMax.count(), ", got ", *spin_us);
-  return runtime::SpinPolicy::fixed(std::chrono::microseconds(static_cast<int64_t>(std::llround(*spin_us))));
+  TENSORXFER_CHECK(InvalidArgument, *spin_us <= static_cast<double>(sync::SpinPolicy::kFixedMax.count()),
+                   "spin_us must be at most ", sync::SpinPolicy::kFixedMax.count(), ", got ", *spin_us);
+  return sync::SpinPolicy::fixed(std::chrono::microseconds(static_cast<int64_t>(std::llround(*spin_us))));
 }
 
-std::optional<double> spin_to_us(const runtime::SpinPolicy& spin) {
+std::optional<double> spin_to_us(const sync::SpinPolicy& spin) {
   const auto fixed = spin.fixed_budget();
   if (!fixed) return std::nullopt;
   return static_cast<double>(fixed->count());
@@ -60,14 +60,14 @@ uint32_t kind_from_text(const std::string& kind) {
 
 double to_us(std::chrono::nanoseconds duration) { return std::chrono::duration<double, std::micro>(duration).count(); }
 
-py::object spread_us(const std::optional<runtime::WaitPredictor::Spread>& spread) {
+py::object spread_us(const std::optional<sync::WaitPredictor::Spread>& spread) {
   if (!spread) return py::none();
   return py::make_tuple(to_us(spread->low), to_us(spread->median), to_us(spread->high));
 }
 
 // What the ring's wait policy has learned, and how its waits ended.
 py::dict wait_stats(const SlotRing& ring) {
-  const runtime::WaitPredictor predictor = ring.spin_policy().predictor();
+  const sync::WaitPredictor predictor = ring.spin_policy().predictor();
   const auto& outcomes = predictor.outcomes();
   py::dict ended;
   ended["immediate"] = outcomes.immediate;

@@ -29,7 +29,7 @@ __version__: str = _core.__version__
 
 
 def capabilities() -> dict:
-    """What this build compiled in: ``{"version", "cuda", "mpi", "numa"}``."""
+    """What this build compiled in: ``{"version", "cuda", "numa"}``."""
     return dict(_core.build_info)
 
 

@@ -199,7 +199,7 @@ def collect() -> dict[str, Any]:
     compiled = tensorxfer.capabilities()
     return {
         "version": tensorxfer.__version__,
-        "compiled": {key: bool(compiled[key]) for key in ("cuda", "mpi", "numa")},
+        "compiled": {key: bool(compiled[key]) for key in ("cuda", "numa")},
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": len(os.sched_getaffinity(0)),

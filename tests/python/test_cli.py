@@ -30,7 +30,7 @@ def info() -> dict:
 def test_info_reports_version_and_compiled_features(info):
     assert info["version"] == tensorxfer.__version__
     compiled = tensorxfer.capabilities()
-    assert info["compiled"] == {key: bool(compiled[key]) for key in ("cuda", "mpi", "numa")}
+    assert info["compiled"] == {key: bool(compiled[key]) for key in ("cuda", "numa")}
     assert info["cpus"] == len(os.sched_getaffinity(0))
 
 

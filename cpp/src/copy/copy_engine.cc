@@ -16,7 +16,7 @@
 
 #include "copy_kernels.h"
 #include "tensorxfer/common/error.h"
-#include "tensorxfer/runtime/cpu_relax.h"
+#include "tensorxfer/sync/cpu_relax.h"
 
 namespace tensorxfer::copy {
 namespace {
@@ -122,7 +122,7 @@ void CopyEngine::State::wait_for_new_generation(uint64_t& seen, bool spin_first)
         break;
       }
       if ((polls & 63) == 63 && Clock::now() > spin_until) break;
-      runtime::cpu_relax();
+      sync::cpu_relax();
     }
     spinning.fetch_sub(1, std::memory_order_relaxed);
     if (changed) {
@@ -298,7 +298,7 @@ void CopyEngine::parallel_for(std::size_t count, std::size_t grain, const RangeF
   const auto spin_until = Clock::now() + options_.spin;
   for (unsigned polls = 0; job.active_workers.load(std::memory_order_acquire) != 0; ++polls) {
     if ((polls & 63) == 63 && Clock::now() > spin_until) break;
-    runtime::cpu_relax();
+    sync::cpu_relax();
   }
   {
     std::unique_lock<std::mutex> lock(state.mutex);

@@ -16,14 +16,14 @@
 namespace tensorxfer::ipc {
 namespace {
 
-runtime::WaitClock::time_point deadline_after(const char* operation, std::chrono::nanoseconds timeout) {
+sync::WaitClock::time_point deadline_after(const char* operation, std::chrono::nanoseconds timeout) {
   TENSORXFER_CHECK(InvalidArgument, timeout.count() >= 0, operation, ": timeout must be >= 0, got ",
                    timeout.count(), " ns");
-  const auto now = runtime::WaitClock::now();
-  if (timeout >= std::chrono::duration_cast<std::chrono::nanoseconds>(runtime::WaitClock::time_point::max() - now)) {
-    return runtime::WaitClock::time_point::max();
+  const auto now = sync::WaitClock::now();
+  if (timeout >= std::chrono::duration_cast<std::chrono::nanoseconds>(sync::WaitClock::time_point::max() - now)) {
+    return sync::WaitClock::time_point::max();
   }
-  return now + std::chrono::duration_cast<runtime::WaitClock::duration>(timeout);
+  return now + std::chrono::duration_cast<sync::WaitClock::duration>(timeout);
 }
 
 std::string seconds_text(std::chrono::nanoseconds timeout) {
@@ -36,14 +36,14 @@ std::string seconds_text(std::chrono::nanoseconds timeout) {
 
 uint64_t monotonic_ns() {
   return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(runtime::WaitClock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(sync::WaitClock::now().time_since_epoch()).count());
 }
 
 }  // namespace
 
 // ---- construction ------------------------------------------------------------------
 
-SlotRing::SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool consumer, runtime::SpinPolicy spin)
+SlotRing::SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool consumer, sync::SpinPolicy spin)
     : segment_(std::move(segment)),
       layout_(layout),
       payload_(segment_.payload()),
@@ -52,7 +52,7 @@ SlotRing::SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool co
       consumer_identity_(segment_.owner()),
       spin_(spin) {}
 
-std::unique_ptr<SlotRing> SlotRing::create(uint32_t depth, std::size_t slot_nbytes, runtime::SpinPolicy spin,
+std::unique_ptr<SlotRing> SlotRing::create(uint32_t depth, std::size_t slot_nbytes, sync::SpinPolicy spin,
                                            uint32_t max_producers) {
   const RingLayout layout = RingLayout::compute(depth, slot_nbytes, max_producers, false);
   memory::ShmSegment segment = memory::ShmSegment::create(layout.total_nbytes, kSlotRingKind);
@@ -70,7 +70,7 @@ std::unique_ptr<SlotRing> SlotRing::create(uint32_t depth, std::size_t slot_nbyt
   return ring;
 }
 
-std::unique_ptr<SlotRing> SlotRing::attach(const std::string& name, runtime::SpinPolicy spin) {
+std::unique_ptr<SlotRing> SlotRing::attach(const std::string& name, sync::SpinPolicy spin) {
   memory::ShmSegment segment = memory::ShmSegment::attach(name, kSlotRingKind);
   const std::string context = "SlotRing::attach(" + segment.name() + ")";
   TENSORXFER_CHECK(CorruptSegment, segment.payload_nbytes() >= kRingControlOffset + sizeof(RingControl), context,
@@ -102,8 +102,8 @@ SlotEntry& SlotRing::slot_entry(uint32_t slot) const noexcept {
   return reinterpret_cast<SlotEntry*>(payload_ + layout_.slot_entries_offset)[slot];
 }
 
-runtime::SharedWord64& SlotRing::order_cell(uint64_t sequence) const noexcept {
-  return reinterpret_cast<runtime::SharedWord64*>(payload_ + layout_.order_offset)[sequence % layout_.depth];
+sync::SharedWord64& SlotRing::order_cell(uint64_t sequence) const noexcept {
+  return reinterpret_cast<sync::SharedWord64*>(payload_ + layout_.order_offset)[sequence % layout_.depth];
 }
 
 SlotWord SlotRing::load_slot_word(uint32_t slot, std::memory_order order) const {
@@ -178,7 +178,7 @@ uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
         return (slot = take_free_locked()).has_value();
       },
       deadline, spin_, [&] { watch_as_producer(); });
-  if (status == runtime::WaitStatus::kReady) return *slot;
+  if (status == sync::WaitStatus::kReady) return *slot;
   throw Timeout("SlotRing::acquire_free: no slot became free within " + seconds_text(timeout) + " (ring '" +
                 name() + "', depth " + std::to_string(layout_.depth) + ")");
 }
@@ -255,13 +255,13 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
         // The publish time (CLOCK_MONOTONIC, as WaitClock) lets the adaptive
         // policy learn true arrival times; a value no clock can hold is ignored
         // (the policy also ignores implausible ones).
-        std::optional<runtime::WaitTime> stamp;
+        std::optional<sync::WaitTime> stamp;
         if (ready && ready->publish_ns <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          stamp = runtime::WaitTime(std::chrono::nanoseconds(static_cast<int64_t>(ready->publish_ns)));
+          stamp = sync::WaitTime(std::chrono::nanoseconds(static_cast<int64_t>(ready->publish_ns)));
         }
         return stamp;
       });
-  if (status == runtime::WaitStatus::kReady) return *ready;
+  if (status == sync::WaitStatus::kReady) return *ready;
   throw Timeout("SlotRing::acquire_ready: nothing was published within " + seconds_text(timeout) +
                 " (ring '" + name() + "', " + std::to_string(live_producers()) + " live producers)");
 }

@@ -17,7 +17,7 @@ uint32_t SlotRing::producers_claimed() const {
 }
 
 void SlotRing::register_producer() {
-  const runtime::ProcessIdentity self = runtime::current_process_identity();
+  const sync::ProcessIdentity self = sync::current_process_identity();
   uint32_t index = producers_claimed();
   do {
     TENSORXFER_CHECK(InvalidArgument, index < layout_.max_producers, "SlotRing::attach(", name(), "): all ",
@@ -40,7 +40,7 @@ uint32_t SlotRing::live_producers() const {
     const ProducerEntry& entry = producer_entry(index);
     // acquire: pairs with register_producer's release (identity written).
     const uint32_t state = entry.state.load(std::memory_order_acquire);
-    if (state == kProducerAttaching || (state == kProducerActive && runtime::is_alive(entry.identity))) ++live;
+    if (state == kProducerAttaching || (state == kProducerActive && sync::is_alive(entry.identity))) ++live;
   }
   return live;
 }
@@ -51,7 +51,7 @@ void SlotRing::reap_dead_producers() {
   for (uint32_t index = 0; index < claimed; ++index) {
     ProducerEntry& entry = producer_entry(index);
     uint32_t state = entry.state.load(std::memory_order_acquire);  // acquire: identity is readable
-    if (state == kProducerActive && !runtime::is_alive(entry.identity)) {
+    if (state == kProducerActive && !sync::is_alive(entry.identity)) {
       // acq_rel: exactly one reaper marks it; the others reload the state.
       if (entry.state.compare_exchange(state, kProducerDead, std::memory_order_acq_rel)) state = kProducerDead;
     }
@@ -78,7 +78,7 @@ bool SlotRing::sequence_claimed_by_live_producer(uint64_t sequence) const {
     if (entry.claim.load(std::memory_order_seq_cst) != sequence + 1) continue;
     const uint32_t state = entry.state.load(std::memory_order_acquire);  // acquire: identity is readable
     if (state == kProducerAttaching) return true;
-    if (state == kProducerActive && runtime::is_alive(entry.identity)) return true;
+    if (state == kProducerActive && sync::is_alive(entry.identity)) return true;
   }
   return false;
 }
@@ -115,8 +115,8 @@ void SlotRing::watch_as_consumer() {
   for (uint32_t index = 0; index < claimed; ++index) {
     const ProducerEntry& entry = producer_entry(index);
     const uint32_t state = entry.state.load(std::memory_order_acquire);  // acquire: identity is readable
-    if (state == kProducerAttaching || (state == kProducerActive && runtime::is_alive(entry.identity))) ++live;
-    if (state == kProducerDead || (state == kProducerActive && !runtime::is_alive(entry.identity))) ++dead;
+    if (state == kProducerAttaching || (state == kProducerActive && sync::is_alive(entry.identity))) ++live;
+    if (state == kProducerDead || (state == kProducerActive && !sync::is_alive(entry.identity))) ++dead;
   }
   TENSORXFER_CHECK(PeerLost, live > 0 || dead == 0, "SlotRing '", name(), "': all ", claimed,
                    " producers that attached have exited or closed (", dead,
@@ -133,7 +133,7 @@ void SlotRing::watch_as_producer() {
                      "': the consumer has closed the ring");
     TENSORXFER_CHECK(CorruptSegment, state == kConsumerOpen, "SlotRing '", name(), "': consumer state ", state,
                      " is not a known state");
-    if (!runtime::is_alive(consumer_identity_)) {
+    if (!sync::is_alive(consumer_identity_)) {
       segment_.unlink();  // its creator is gone: nobody else will remove the name
       throw PeerLost("SlotRing '" + name() + "': the consumer (" + consumer_identity_.describe() +
                      ") has exited");

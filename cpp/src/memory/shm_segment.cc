@@ -131,7 +131,7 @@ ShmSegment ShmSegment::create(std::size_t payload_nbytes, uint32_t kind_tag) {
   TENSORXFER_CHECK(InvalidArgument, payload_nbytes <= (std::size_t{1} << 46),
                    "ShmSegment::create: payload_nbytes must be at most 2^46, got ", payload_nbytes);
   (void)sweep_stale_segments();
-  const runtime::ProcessIdentity self = runtime::current_process_identity();
+  const sync::ProcessIdentity self = sync::current_process_identity();
   const std::size_t total = kSegmentHeaderBytes + payload_nbytes;
 
   std::string name;
@@ -199,7 +199,7 @@ ShmSegment ShmSegment::attach(const std::string& name, uint32_t expected_kind) {
   SegmentHeader header{};
   TENSORXFER_CHECK(CorruptSegment, read_header(fd.get(), header), context, ": cannot read the header");
   validate_segment_header(header, file_nbytes, expected_kind, context);
-  if (!runtime::is_alive(header.owner)) {
+  if (!sync::is_alive(header.owner)) {
     shm_unlink_quietly(full);
     throw PeerLost(context + ": its creator (" + header.owner.describe() + ") has exited");
   }
@@ -263,7 +263,7 @@ void ShmSegment::release_mapping() noexcept {
 
 bool ShmSegment::is_creator() const noexcept { return created_ && ::getpid() == owner_.pid; }
 
-bool ShmSegment::owner_alive() const noexcept { return runtime::is_alive(owner_); }
+bool ShmSegment::owner_alive() const noexcept { return sync::is_alive(owner_); }
 
 uint32_t ShmSegment::attach_count() const noexcept {
   if (base_ == nullptr) return 0;
@@ -285,13 +285,6 @@ void ShmSegment::unlink() noexcept {
   if (unlinked_ || name_.empty()) return;
   unlinked_ = true;
   shm_unlink_quietly(name_);
-}
-
-bool ShmSegment::unlink_if_owner_dead() noexcept {
-  if (unlinked_) return true;
-  if (owner_alive()) return false;
-  unlink();
-  return true;
 }
 
 // ---- sweeping --------------------------------------------------------------------
@@ -316,7 +309,7 @@ std::size_t sweep_stale_segments() noexcept {
     } catch (...) {
       continue;  // not ours, or not a format we know: never remove it
     }
-    if (runtime::is_alive(header.owner)) continue;
+    if (sync::is_alive(header.owner)) continue;
     if (::shm_unlink(("/" + std::string(entry->d_name)).c_str()) == 0) ++removed;
   }
   ::closedir(directory);

@@ -16,7 +16,7 @@
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
-#include "tensorxfer/runtime/cpu_relax.h"
+#include "tensorxfer/sync/cpu_relax.h"
 
 namespace tensorxfer::runtime {
 namespace {
@@ -90,7 +90,7 @@ bool HostStream::State::wait_until_completed(uint64_t sequence, Seconds timeout)
   for (unsigned polls = 0;; ++polls) {
     if (completed.load(std::memory_order_acquire) >= sequence) return true;
     if ((polls & 15) == 15 && Clock::now() >= spin_until) break;
-    cpu_relax();
+    sync::cpu_relax();
   }
   std::unique_lock<std::mutex> lock(mutex);
   return work_completed.wait_for(lock, bounded(timeout), [&] {

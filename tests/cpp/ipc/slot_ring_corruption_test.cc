@@ -56,7 +56,7 @@ enum class Outcome { kWorked, kRefused };
 // was refused with a tensorxfer error. Any other exception fails the test.
 Outcome exercise(SlotRing& consumer) {
   try {
-    auto producer = SlotRing::attach(consumer.name(), runtime::SpinPolicy::fixed(0us));
+    auto producer = SlotRing::attach(consumer.name(), sync::SpinPolicy::fixed(0us));
     (void)producer->live_producers();
     if (auto slot = producer->try_acquire_free()) {
       std::memset(producer->slot_data(*slot), 1, producer->slot_nbytes());
@@ -173,7 +173,7 @@ TEST(SlotRingCorruptionTest, RandomizedMetadataCorruptionNeverCrashes) {
   int refused = 0;
   for (int iteration = 0; iteration < 300; ++iteration) {
     auto consumer = SlotRing::create(1 + static_cast<uint32_t>(random() % 4), 1 + random() % 9000,
-                                     runtime::SpinPolicy::fixed(0us), 1 + static_cast<uint32_t>(random() % 4));
+                                     sync::SpinPolicy::fixed(0us), 1 + static_cast<uint32_t>(random() % 4));
     RawMapping raw(consumer->name());
     // Ring metadata: everything before the first slot, segment header included.
     RingHeader header;

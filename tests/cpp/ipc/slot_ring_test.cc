@@ -27,7 +27,7 @@ using tensorxfer::testing::shm_name_exists;
 using tensorxfer::testing::wait_exit_code;
 
 using namespace std::chrono_literals;
-using runtime::SpinPolicy;
+using sync::SpinPolicy;
 
 double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();

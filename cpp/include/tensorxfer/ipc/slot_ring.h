@@ -37,7 +37,7 @@
 
 #include "tensorxfer/ipc/slot_ring_layout.h"
 #include "tensorxfer/memory/shm_segment.h"
-#include "tensorxfer/runtime/futex.h"
+#include "tensorxfer/sync/futex.h"
 
 namespace tensorxfer::ipc {
 
@@ -56,13 +56,13 @@ class SlotRing {
   // for depth outside [1, kMaxRingDepth], slot_nbytes outside [1, kMaxSlotBytes],
   // max_producers outside [1, kMaxRingProducers]; SystemError from the OS.
   static std::unique_ptr<SlotRing> create(uint32_t depth, std::size_t slot_nbytes,
-                                          runtime::SpinPolicy spin = runtime::SpinPolicy::adaptive(),
+                                          sync::SpinPolicy spin = sync::SpinPolicy::adaptive(),
                                           uint32_t max_producers = kDefaultRingProducers);
   // Attaches as a producer. Throws what ShmSegment::attach throws, CorruptSegment
   // for a bad ring header, PeerLost if the consumer has exited or closed the ring,
   // InvalidArgument when max_producers producers have already attached.
   static std::unique_ptr<SlotRing> attach(const std::string& name,
-                                          runtime::SpinPolicy spin = runtime::SpinPolicy::adaptive());
+                                          sync::SpinPolicy spin = sync::SpinPolicy::adaptive());
 
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
@@ -100,10 +100,10 @@ class SlotRing {
   // Publish sequences skipped because their producer died before filling them.
   uint64_t skipped_sequences() const noexcept { return skipped_sequences_; }
 
-  // How waits spend their time (runtime/spin_policy.h). acquire_ready gives the
+  // How waits spend their time (sync/spin_policy.h). acquire_ready gives the
   // adaptive policy each slot's publish time, so it learns the producers' period.
-  const runtime::SpinPolicy& spin_policy() const noexcept { return spin_; }
-  void set_spin_policy(const runtime::SpinPolicy& spin) noexcept { spin_ = spin; }
+  const sync::SpinPolicy& spin_policy() const noexcept { return spin_; }
+  void set_spin_policy(const sync::SpinPolicy& spin) noexcept { spin_ = spin; }
 
   // Detaches: a producer returns the slots it holds for writing; the consumer
   // marks the ring closed (waiting producers get PeerLost) and unlinks it.
@@ -111,12 +111,12 @@ class SlotRing {
   void close() noexcept;
 
  private:
-  SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool consumer, runtime::SpinPolicy spin);
+  SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool consumer, sync::SpinPolicy spin);
 
   RingControl& control() const noexcept;
   ProducerEntry& producer_entry(uint32_t index) const noexcept;
   SlotEntry& slot_entry(uint32_t slot) const noexcept;
-  runtime::SharedWord64& order_cell(uint64_t sequence) const noexcept;
+  sync::SharedWord64& order_cell(uint64_t sequence) const noexcept;
   SlotWord load_slot_word(uint32_t slot, std::memory_order order) const;
 
   void check_open(const char* operation) const;        // not closed
@@ -145,8 +145,8 @@ class SlotRing {
   std::byte* payload_;
   bool consumer_;
   int32_t user_pid_;
-  runtime::ProcessIdentity consumer_identity_;
-  runtime::SpinPolicy spin_;
+  sync::ProcessIdentity consumer_identity_;
+  sync::SpinPolicy spin_;
   std::optional<uint32_t> producer_index_;  // set once registered as a producer
   uint32_t next_free_hint_ = 0;
   uint64_t next_sequence_ = 0;  // consumer: the publish sequence acquire_ready hands out next

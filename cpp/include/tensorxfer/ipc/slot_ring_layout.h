@@ -18,9 +18,9 @@
 #include <type_traits>
 
 #include "tensorxfer/memory/shm_segment.h"
-#include "tensorxfer/runtime/futex.h"
-#include "tensorxfer/runtime/process_liveness.h"
-#include "tensorxfer/runtime/shared_word.h"
+#include "tensorxfer/sync/futex.h"
+#include "tensorxfer/sync/peer_liveness.h"
+#include "tensorxfer/sync/shared_word.h"
 
 namespace tensorxfer::ipc {
 
@@ -54,11 +54,11 @@ static_assert(sizeof(RingHeader) <= kRingControlOffset);
 enum ConsumerState : uint32_t { kConsumerOpen = 1, kConsumerClosed = 2 };
 
 struct RingControl {
-  alignas(64) runtime::SharedWord64 publish_counter;  // next publish sequence to hand out
-  runtime::SharedWord32 producers_claimed;            // producer entries handed out so far
-  runtime::SharedWord32 consumer_state;               // ConsumerState
-  alignas(64) runtime::EventCount ready_event;        // producers notify after publish
-  alignas(64) runtime::EventCount free_event;         // consumer notifies after release / close
+  alignas(64) sync::SharedWord64 publish_counter;  // next publish sequence to hand out
+  sync::SharedWord32 producers_claimed;            // producer entries handed out so far
+  sync::SharedWord32 consumer_state;               // ConsumerState
+  alignas(64) sync::EventCount ready_event;        // producers notify after publish
+  alignas(64) sync::EventCount free_event;         // consumer notifies after release / close
 };
 static_assert(std::is_trivially_copyable_v<RingControl> && sizeof(RingControl) == 192);
 
@@ -70,17 +70,17 @@ enum ProducerState : uint32_t {
 };
 
 struct alignas(64) ProducerEntry {
-  runtime::SharedWord32 state;        // ProducerState
+  sync::SharedWord32 state;        // ProducerState
   uint32_t reserved;
-  runtime::ProcessIdentity identity;  // written before state becomes Active; immutable after
-  runtime::SharedWord64 claim;        // publish sequence + 1 this producer is taking, 0 if none
+  sync::ProcessIdentity identity;  // written before state becomes Active; immutable after
+  sync::SharedWord64 claim;        // publish sequence + 1 this producer is taking, 0 if none
 };
 static_assert(std::is_trivially_copyable_v<ProducerEntry> && sizeof(ProducerEntry) == 64);
 
 struct alignas(64) SlotEntry {
-  runtime::SharedWord64 state;       // encoded SlotWord
-  runtime::SharedWord64 tick_id;     // written by the producer before READY
-  runtime::SharedWord64 publish_ns;  // CLOCK_MONOTONIC at publish
+  sync::SharedWord64 state;       // encoded SlotWord
+  sync::SharedWord64 tick_id;     // written by the producer before READY
+  sync::SharedWord64 publish_ns;  // CLOCK_MONOTONIC at publish
 };
 static_assert(std::is_trivially_copyable_v<SlotEntry> && sizeof(SlotEntry) == 64);
 

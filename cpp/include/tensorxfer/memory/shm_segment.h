@@ -23,8 +23,8 @@
 #include <string>
 #include <type_traits>
 
-#include "tensorxfer/runtime/process_liveness.h"
-#include "tensorxfer/runtime/shared_word.h"
+#include "tensorxfer/sync/peer_liveness.h"
+#include "tensorxfer/sync/shared_word.h"
 
 namespace tensorxfer::memory {
 
@@ -51,10 +51,10 @@ struct SegmentHeader {
   uint64_t header_nbytes;
   uint64_t payload_nbytes;
   uint64_t total_nbytes;  // header_nbytes + payload_nbytes == file size
-  runtime::ProcessIdentity owner;
+  sync::ProcessIdentity owner;
   uint64_t immutable_checksum;  // FNV-1a over the bytes before it
   // Mutable.
-  runtime::SharedWord32 attach_count;  // live attachments, creator included
+  sync::SharedWord32 attach_count;  // live attachments, creator included
   uint32_t reserved;
 };
 static_assert(std::is_trivially_copyable_v<SegmentHeader>);
@@ -98,7 +98,7 @@ class ShmSegment {
   std::size_t payload_nbytes() const noexcept { return payload_nbytes_; }
   uint32_t kind_tag() const noexcept { return kind_tag_; }
   // Validated copy taken at create/attach.
-  const runtime::ProcessIdentity& owner() const noexcept { return owner_; }
+  const sync::ProcessIdentity& owner() const noexcept { return owner_; }
   // True in the process that created the segment (false in a fork()ed child).
   bool is_creator() const noexcept;
   bool owner_alive() const noexcept;
@@ -114,8 +114,6 @@ class ShmSegment {
   void detach() noexcept;
   // Removes the name now (ENOENT ignored). Idempotent; never throws.
   void unlink() noexcept;
-  // Unlinks if the creator has exited; returns whether it did.
-  bool unlink_if_owner_dead() noexcept;
 
  private:
   ShmSegment() = default;
@@ -126,7 +124,7 @@ class ShmSegment {
   std::size_t mapped_nbytes_ = 0;
   std::size_t payload_nbytes_ = 0;
   uint32_t kind_tag_ = 0;
-  runtime::ProcessIdentity owner_;
+  sync::ProcessIdentity owner_;
   int32_t user_pid_ = 0;  // the process that created/attached this object
   bool created_ = false;
   bool detached_ = true;

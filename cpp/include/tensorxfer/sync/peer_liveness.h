@@ -13,7 +13,7 @@
 #include <string>
 #include <type_traits>
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 
 struct ProcessIdentity {
   int32_t pid = 0;
@@ -43,4 +43,4 @@ ProcessIdentity identity_of(pid_t pid) noexcept;
 // Never throws; costs one read of /proc/<pid>/stat.
 bool is_alive(const ProcessIdentity& identity) noexcept;
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

@@ -1,6 +1,6 @@
 // The adaptive wait policy's decisions, on recorded (synthetic) arrival times:
 // no clocks, no threads except in the last test.
-#include "tensorxfer/runtime/spin_policy.h"
+#include "tensorxfer/sync/spin_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "tensorxfer/common/error.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 using namespace std::chrono_literals;
@@ -404,4 +404,4 @@ TEST(SpinPolicyTest, ThreadsMayShareAPolicy) {
 }
 
 }  // namespace
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

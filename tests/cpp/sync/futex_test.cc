@@ -1,4 +1,4 @@
-#include "tensorxfer/runtime/futex.h"
+#include "tensorxfer/sync/futex.h"
 
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -15,7 +15,7 @@
 
 #include "tensorxfer/common/error.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 using namespace std::chrono_literals;
@@ -365,4 +365,4 @@ TEST(EventCountTest, TheAdaptivePolicyLearnsFromRealWaits) {
 }
 
 }  // namespace
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

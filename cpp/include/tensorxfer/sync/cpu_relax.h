@@ -2,7 +2,7 @@
 // this thread is spinning, so a sibling hyper-thread or the peer gets the cycles.
 #pragma once
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -12,4 +12,4 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

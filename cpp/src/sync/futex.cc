@@ -1,4 +1,4 @@
-#include "tensorxfer/runtime/futex.h"
+#include "tensorxfer/sync/futex.h"
 
 #include <linux/futex.h>
 #include <sched.h>
@@ -12,7 +12,7 @@
 
 #include "tensorxfer/common/error.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 long futex_call(const SharedWord32& word, int operation, uint32_t value, const timespec* timeout) {
@@ -87,4 +87,4 @@ void EventCount::cancel_wait() noexcept {
   sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

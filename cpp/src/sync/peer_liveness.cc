@@ -1,4 +1,4 @@
-#include "tensorxfer/runtime/process_liveness.h"
+#include "tensorxfer/sync/peer_liveness.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/fd.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 struct StatFields {
@@ -96,4 +96,4 @@ bool is_alive(const ProcessIdentity& identity) noexcept {
   return now.pid == identity.pid && now.start_ticks == identity.start_ticks;
 }
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 
 namespace detail {
 constexpr int builtin_order(std::memory_order order) noexcept {
@@ -67,4 +67,4 @@ using SharedWord64 = SharedWord<uint64_t>;
 static_assert(std::is_trivially_copyable_v<SharedWord32> && sizeof(SharedWord32) == 4);
 static_assert(std::is_trivially_copyable_v<SharedWord64> && sizeof(SharedWord64) == 8);
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

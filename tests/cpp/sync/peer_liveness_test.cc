@@ -1,4 +1,4 @@
-#include "tensorxfer/runtime/process_liveness.h"
+#include "tensorxfer/sync/peer_liveness.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 TEST(ProcessLivenessTest, CurrentProcessIsAliveWithAStartTime) {
@@ -58,4 +58,4 @@ TEST(ProcessLivenessTest, DescribeNamesPidAndStart) {
 }
 
 }  // namespace
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

@@ -1,4 +1,4 @@
-#include "tensorxfer/runtime/spin_policy.h"
+#include "tensorxfer/sync/spin_policy.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 namespace {
 
 using std::chrono::nanoseconds;
@@ -320,4 +320,4 @@ WaitPredictor SpinPolicy::predictor() const noexcept {
   return predictor_;
 }
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

@@ -18,11 +18,11 @@
 #include <type_traits>
 #include <utility>
 
-#include "tensorxfer/runtime/cpu_relax.h"
-#include "tensorxfer/runtime/shared_word.h"
-#include "tensorxfer/runtime/spin_policy.h"
+#include "tensorxfer/sync/cpu_relax.h"
+#include "tensorxfer/sync/shared_word.h"
+#include "tensorxfer/sync/spin_policy.h"
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 
 enum class WaitStatus { kReady, kTimedOut };
 
@@ -188,4 +188,4 @@ WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, SpinPolicy& spin,
   return WaitStatus::kTimedOut;
 }
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync

@@ -38,7 +38,7 @@
 #include <mutex>
 #include <optional>
 
-namespace tensorxfer::runtime {
+namespace tensorxfer::sync {
 
 using WaitClock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: shared by every process
 using WaitTime = WaitClock::time_point;
@@ -253,4 +253,4 @@ class SpinPolicy {
   WaitPredictor predictor_;
 };
 
-}  // namespace tensorxfer::runtime
+}  // namespace tensorxfer::sync
