@@ -30,7 +30,7 @@ void translate_exception(std::exception_ptr pending) {
   } catch (const Timeout& error) {
     PyErr_SetString(PyExc_TimeoutError, error.what());
   } catch (const PeerLost& error) {
-    set_package_error("PeerLost", error.what());
+    set_package_error("PeerLostError", error.what());
   } catch (const SystemError& error) {
     py::tuple args = py::make_tuple(error.error_number(), error.what());
     PyErr_SetObject(PyExc_OSError, args.ptr());

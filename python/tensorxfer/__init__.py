@@ -21,6 +21,7 @@ from tensorxfer import _core  # noqa: E402
 from tensorxfer.errors import (  # noqa: E402
     CorruptSegmentError,
     PeerLost,
+    PeerLostError,
     TensorxferError,
     UnsupportedError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "capabilities",
     "CorruptSegmentError",
     "PeerLost",
+    "PeerLostError",
     "TensorxferError",
     "UnsupportedError",
 ]

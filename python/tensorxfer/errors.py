@@ -11,8 +11,13 @@ class TensorxferError(RuntimeError):
     """Base of the tensorxfer-specific errors."""
 
 
-class PeerLost(TensorxferError):
-    """The process on the other side of a shared structure has exited."""
+class PeerLostError(TensorxferError):
+    """A process on the other side of a shared structure (a ring's producer or
+    consumer, a group's rank) has exited, so the wait on it can never finish."""
+
+
+#: The name this error had first; kept so existing ``except PeerLost`` clauses work.
+PeerLost = PeerLostError
 
 
 class CorruptSegmentError(TensorxferError, ValueError):
@@ -23,4 +28,4 @@ class UnsupportedError(TensorxferError):
     """The operation needs something this build or this machine lacks."""
 
 
-__all__ = ["TensorxferError", "PeerLost", "CorruptSegmentError", "UnsupportedError"]
+__all__ = ["TensorxferError", "PeerLostError", "PeerLost", "CorruptSegmentError", "UnsupportedError"]

@@ -63,5 +63,7 @@ def test_torch_tensors_are_viewed_through_dlpack():
 
 def test_package_exports_error_classes():
     assert issubclass(tensorxfer.CorruptSegmentError, ValueError)
-    assert issubclass(tensorxfer.PeerLost, tensorxfer.TensorxferError)
+    assert issubclass(tensorxfer.PeerLostError, tensorxfer.TensorxferError)
+    assert tensorxfer.PeerLost is tensorxfer.PeerLostError  # the first name stays an alias
+    assert tensorxfer.PeerLostError.__name__ == "PeerLostError"
     assert tensorxfer.capabilities()["version"] == tensorxfer.__version__

@@ -33,10 +33,10 @@ def run_collector(config: CollectorConfig, ready: Any, stop: Any) -> None:
 
     Ctrl-C is left to the learner (it stops us through ``stop``), so every
     collector detaches its segments on the way out.  A learner that dies makes
-    ``acquire_free`` raise ``PeerLost``; the collector then exits quietly.
+    ``acquire_free`` raise ``PeerLostError``; the collector then exits quietly.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from tensorxfer.errors import PeerLost
+    from tensorxfer.errors import PeerLostError
     from tensorxfer.ipc import SlotRing, pack_rows
 
     ring = SlotRing.attach(config.ring_handle)
@@ -46,7 +46,7 @@ def run_collector(config: CollectorConfig, ready: Any, stop: Any) -> None:
             layout = replay_store.batch_layout(config.obs_dim, config.batch_rows)
             ready.set()
             _produce(config, ring, store, layout, pack_rows, stop)
-        except PeerLost:
+        except PeerLostError:
             pass
         finally:
             store.close()

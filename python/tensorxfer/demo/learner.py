@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from tensorxfer.demo import store as replay_store
-from tensorxfer.errors import PeerLost
+from tensorxfer.errors import PeerLostError
 
 _ACQUIRE_POLL_S = 0.2
 _SYNC_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ class Learner:
     def __init__(self, *, ring: Any, store: Any, backend: Any, layout: Any, seed: int,
                  num_collectors: int, use_torch: bool,
                  collectors_alive: Callable[[], None]) -> None:
-        """``collectors_alive`` raises PeerLost when a collector has exited; called every batch."""
+        """``collectors_alive`` raises PeerLostError when a collector has exited; called every batch."""
         self.ring, self.store, self.backend, self.layout = ring, store, backend, layout
         self.seed, self.num_collectors = seed, num_collectors
         self.collectors_alive = collectors_alive
@@ -106,9 +106,9 @@ class Learner:
                 if time.perf_counter() - last_batch > stall_timeout_s:
                     raise TimeoutError(f"no batch from any collector for {stall_timeout_s:g} s") from None
                 continue
-            except PeerLost as error:
+            except PeerLostError as error:
                 self.collectors_alive()  # names the collector and its exit code when it can
-                raise PeerLost(f"every collector is gone: {error}") from error
+                raise PeerLostError(f"every collector is gone: {error}") from error
             received_ns = time.monotonic_ns()
             last_batch = time.perf_counter()
             collector, publish_ns = self._check_header(slot, tick)

@@ -29,7 +29,7 @@ from typing import Any, Callable, List, Optional, Sequence
 from tensorxfer.demo import store as replay_store
 from tensorxfer.demo.collector import CollectorConfig, run_collector
 from tensorxfer.demo.learner import Learner, LearnerStats, percentiles_us
-from tensorxfer.errors import PeerLost, UnsupportedError
+from tensorxfer.errors import PeerLostError, UnsupportedError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _START_TIMEOUT_S = 120.0
@@ -116,10 +116,10 @@ class _Collectors:
                     raise TimeoutError(f"collectors did not start within {_START_TIMEOUT_S:g} s")
 
     def check_alive(self) -> None:
-        """Raises PeerLost naming the first collector that exited while it should be running."""
+        """Raises PeerLostError naming the first collector that exited while it should be running."""
         for index, process in enumerate(self.processes):
             if process.exitcode is not None and not self.stopping:
-                raise PeerLost(f"collector {index} (pid {process.pid}) exited with code {process.exitcode}; "
+                raise PeerLostError(f"collector {index} (pid {process.pid}) exited with code {process.exitcode}; "
                                "the learner cannot go on without it")
 
     @property
@@ -144,7 +144,7 @@ class _Collectors:
 def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]], None]] = None,
              on_batch: Optional[Callable[[LearnerStats], None]] = None,
              backend_factory: Optional[Callable[..., Any]] = None) -> dict:
-    """Runs the pipeline; returns the summary dict.  Raises BatchMismatch, PeerLost, TimeoutError.
+    """Runs the pipeline; returns the summary dict.  Raises BatchMismatch, PeerLostError, TimeoutError.
 
     ``on_started(collector_pids)`` runs once every collector is ready;
     ``on_batch(stats)`` after every batch (progress display);
@@ -330,7 +330,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         progress.close()
         print(f"replay demo FAILED: batch verification: {error}", file=sys.stderr)
         return EXIT_MISMATCH
-    except (PeerLost, TimeoutError) as error:
+    except (PeerLostError, TimeoutError) as error:
         progress.close()
         print(f"replay demo FAILED: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED

@@ -29,7 +29,7 @@ Waits release the GIL.  How they spend their time is set by ``spin_us``:
 
 ``wait_stats`` shows what the policy learned and how recent waits ended.
 A wait raises ``TimeoutError`` when its timeout passes and
-``tensorxfer.PeerLost`` when the other side has died (checked at least every
+``tensorxfer.PeerLostError`` when the other side has died (checked at least every
 20 ms), so a killed peer never hangs a process.  Slots held for writing by a
 dead producer are reclaimed.  The shared-memory name is removed when the
 consumer closes the ring or exits, or when a survivor notices the consumer died.
@@ -150,7 +150,7 @@ class SlotRing(SharedResource):
         """Attach to an existing ring as a producer, from ``ring.handle`` (or its name).
 
         Raises ``tensorxfer.CorruptSegmentError`` if the segment fails validation
-        or does not match the handle, ``tensorxfer.PeerLost`` if the consumer has
+        or does not match the handle, ``tensorxfer.PeerLostError`` if the consumer has
         exited or closed the ring, ``FileNotFoundError`` if it no longer exists.
         """
         if isinstance(handle, SlotRingHandle):
@@ -258,7 +258,7 @@ class SlotRing(SharedResource):
         """Take a free slot for writing and return its index.
 
         ``timeout`` in seconds (``None``: no limit, but a dead or closed consumer
-        still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLost``.
+        still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLostError``.
         """
         if self._closed:
             raise ValueError("ring is closed")
@@ -290,7 +290,7 @@ class SlotRing(SharedResource):
     def acquire_ready(self, timeout: Optional[float] = None) -> Tuple[int, int]:
         """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLost``
+        Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLostError``
         when every producer that attached is gone, at least one of them died
         without closing, and nothing is ready.  (If all producers closed
         cleanly, another may attach: the wait goes on until the timeout.)
@@ -343,7 +343,7 @@ class SlotRing(SharedResource):
 
     def close(self) -> None:
         """Detach. A producer returns the slots it holds for writing; the consumer
-        closes the ring (waiting producers get ``PeerLost``) and removes its name.
+        closes the ring (waiting producers get ``PeerLostError``) and removes its name.
         Idempotent.  Afterwards every method raises ``ValueError("ring is closed")``.
         """
         super().close()
