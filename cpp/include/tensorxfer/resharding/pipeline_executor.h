@@ -1,0 +1,91 @@
+// PipelineExecutor: runs a schedule (communication_scheduler.h) through
+// double-buffered slots, the host counterpart of the NVSHMEM pipeline.
+//
+// For each iteration i, on every rank:
+//   1. pack iteration i+1 into send slot (i+1)%2          (async, pack stream)
+//   2. unpack iteration i-1 from receive slot (i-1)%2     (async, unpack stream)
+//   3. send iteration i: copy send slot i%2 into the destination's receive slot i%2
+//   4. wait for 1 and 2
+//   5. barrier
+// After the last iteration its batch is unpacked and a final barrier ends the
+// run. Why no slot is overwritten early: receive slot (i+1)%2 is written by
+// peers in step 3 of iteration i+1, after they left the barrier of iteration
+// i, which every rank entered only after finishing the unpack of iteration
+// i-1 from that same slot (step 4). (Waiting after the barrier instead, as
+// the upstream stage list reads, lets a fast peer overwrite the slot while it
+// is still being unpacked: the threaded test catches that.) Send slot (i+1)%2
+// was last read in step 3 of iteration i-1, before step 1 of iteration i. The
+// final barrier keeps the next run from writing a receive slot that is still
+// being unpacked.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "tensorxfer/resharding/double_buffers.h"
+#include "tensorxfer/resharding/transfer_task.h"
+#include "tensorxfer/runtime/stream.h"
+
+namespace tensorxfer::copy {
+class CopyEngine;
+}
+
+namespace tensorxfer::resharding {
+
+// Where each task's bytes start on this rank (a send's source, a receive's
+// destination), with the task's byte size for checking the schedule against.
+struct TaskMemory {
+  std::byte* data = nullptr;
+  uint64_t nbytes = 0;
+};
+using TaskMemoryMap = std::unordered_map<uint64_t, TaskMemory>;
+
+// What this rank does in one iteration: at most one batch out, one batch in.
+struct IterationSchedule {
+  std::optional<ScheduledBatch> send;
+  std::optional<ScheduledBatch> receive;
+};
+
+class PipelineExecutor {
+ public:
+  // `engine` and `buffers` must outlive the executor.
+  PipelineExecutor(copy::CopyEngine& engine, DoubleBuffers& buffers, int my_pe);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  int my_pe() const noexcept { return my_pe_; }
+
+  // Runs the pipeline over `schedules` (one entry per iteration, the same
+  // number on every rank). Every segment must lie inside its task's memory
+  // and its slot (checked before anything moves: InvalidArgument). The memory
+  // in `sends` and `receives` must stay valid until the call returns. Throws
+  // what DoubleBuffers::barrier throws (Timeout, PeerLost) after draining the
+  // streams, so nothing touches task memory once it returns or throws.
+  void execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
+                        const TaskMemoryMap& receives);
+
+  // The stage steps, exposed for the Python executor's _launch_pack /
+  // _launch_unpack: enqueue packing (unpacking) of `batch` into (from) the
+  // slot of `iteration` on the pack (unpack) stream. The batch is copied;
+  // the memory map must stay valid until synchronize_streams() returns.
+  void launch_pack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& sends);
+  void launch_unpack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& receives);
+  // Waits for both streams; rethrows a pack/unpack error.
+  void synchronize_streams();
+
+ private:
+  void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
+  void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
+
+  copy::CopyEngine& engine_;
+  DoubleBuffers& buffers_;
+  int my_pe_;
+  runtime::HostStream pack_stream_;
+  runtime::HostStream unpack_stream_;
+};
+
+}  // namespace tensorxfer::resharding
