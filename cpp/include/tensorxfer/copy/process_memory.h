@@ -1,0 +1,37 @@
+// Reading another process's memory in one copy (cross-memory attach:
+// process_vm_readv), the large-tensor path between ranks of one host.
+//
+// The kernel permits it when the reader may ptrace the target: same user and,
+// under Yama ptrace_scope 1, an ancestor of the target or a process the target
+// named with PR_SET_PTRACER (allow_memory_readers() below). Containers that
+// share /dev/shm but not a PID namespace cannot name each other's pids: callers
+// probe once (probe_process_memory) and fall back to shared-memory copies.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tensorxfer::copy {
+
+class CopyEngine;
+
+// Copies `nbytes` at `remote_address` in process `pid` into `dst`, split in
+// chunks over the engine's threads. Throws Unsupported when the kernel refuses
+// (EPERM, ENOSYS), PeerLost when the process is gone (ESRCH), InvalidArgument
+// when the remote range is not mapped there (EFAULT) or arguments are bad,
+// SystemError otherwise. dst is fully written when it returns.
+void read_process_memory(CopyEngine& engine, pid_t pid, uint64_t remote_address, std::byte* dst, std::size_t nbytes);
+
+// True if `nbytes` at `remote_address` in `pid` can be read now and equal
+// `expected` (a value the caller learnt another way). Never throws.
+[[nodiscard]] bool probe_process_memory(pid_t pid, uint64_t remote_address, const std::byte* expected,
+                                        std::size_t nbytes) noexcept;
+
+// Lets any process of this user read this one's memory under Yama ptrace_scope
+// 1 (PR_SET_PTRACER_ANY); a no-op where Yama is absent. Returns false if the
+// kernel refused. Never throws.
+bool allow_memory_readers() noexcept;
+
+}  // namespace tensorxfer::copy
