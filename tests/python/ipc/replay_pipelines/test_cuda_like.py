@@ -119,9 +119,24 @@ def backend():
 class TestOnDevice:
     def test_family_submitter_and_resolved_index(self, backend):
         assert backend.device_family == ("rocm" if torch.version.hip else "cuda")
-        assert backend.h2d_submitter == select_h2d_submitter(
-            native_compiled=native_submitter_compiled(), hip=bool(torch.version.hip))
+        expected = select_h2d_submitter(native_compiled=native_submitter_compiled(), hip=bool(torch.version.hip))
+        if backend.native_submitter_error is None:
+            assert backend.h2d_submitter == expected
+        else:  # the extension's CUDA runtime could not start on this driver
+            assert expected == "pybind11" and backend.h2d_submitter == "torch_copy_stream"
         assert backend.device.index == torch.cuda.current_device()
+
+    def test_the_native_submitter_issues_the_copy(self, backend):
+        if backend.h2d_submitter != "pybind11":
+            pytest.skip(f"h2d_submitter is {backend.h2d_submitter!r} here: "
+                        f"{backend.native_submitter_error or 'ROCm, or an extension built without CUDA'}")
+        src = torch.arange(1 << 20, dtype=torch.int32)
+        dst = backend.allocate_device_slots(count=1, shape=src.shape, dtype=torch.int32)[0]
+        before = _core.cuda_runtime_calls()
+        backend.submit_h2d(slot=0, dst=dst, src=src)
+        assert _core.cuda_runtime_calls() > before, "the copy did not go through the core's cudaMemcpyAsync"
+        backend.synchronize_ready(0)
+        assert torch.equal(dst.cpu(), src)
 
     def test_register_pins_in_place_and_close_unpins(self):
         slots = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(2)]

@@ -14,15 +14,19 @@ Who issues the copy (``h2d_submitter``), as upstream:
   released; nothing is compiled at run time.
 * ``"torch_copy_stream"``: otherwise, and always on ROCm (``device_family``
   "rocm"): ``Tensor.copy_(non_blocking=True)`` under ``torch.cuda.stream``.
+  Also where the extension's CUDA runtime cannot start although torch's can
+  (a driver older than the toolkit the extension was built with);
+  ``native_submitter_error`` then says why.
 
 Either way the copy stream first waits for the caller's current stream.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from tensorxfer import _core
+from tensorxfer.errors import UnsupportedError
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import host_slot_tensors
 from tensorxfer.ipc.replay_pipelines.transfer._torch_stream import TorchStreamBackendBase
 
@@ -71,9 +75,16 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
         hip = bool(self._torch.version.hip)
         self.device_family = "rocm" if hip else "cuda"
         self.h2d_submitter = select_h2d_submitter(native_compiled=native_submitter_compiled(), hip=hip)
+        self.native_submitter_error: Optional[str] = None
         self._native = None
         if self.h2d_submitter == NATIVE_SUBMITTER:
-            self._native = _core.CudaCopySubmitter(self.device.index)
+            try:
+                self._native = _core.CudaCopySubmitter(self.device.index)
+            except UnsupportedError as error:
+                # torch runs here but the extension's CUDA runtime does not (e.g. a driver older
+                # than the toolkit it was built with): torch issues the copies instead.
+                self.native_submitter_error = str(error)
+                self.h2d_submitter = TORCH_SUBMITTER
         self.host_pinned = False
         self.direct_pinned_shared = False
         self.pin_error = None
