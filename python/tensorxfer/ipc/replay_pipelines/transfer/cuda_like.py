@@ -87,7 +87,7 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
                 self.h2d_submitter = TORCH_SUBMITTER
         self.host_pinned = False
         self.direct_pinned_shared = False
-        self.pin_error = None
+        self.pin_error: Optional[str] = None
 
     def _new_ready_event(self) -> Any:
         return self._torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
