@@ -165,3 +165,14 @@ def test_public_signatures_are_annotated():
                     if inspect.isfunction(function) and function.__qualname__ == f"{name}.{member_name}":
                         missing += _unannotated(function, f"{module_name}.{name}.{member_name}")
     assert not missing, "public calls without type annotations:\n" + "\n".join(missing)
+
+
+@needs_checkout
+def test_readme_user_sections_name_no_files_of_the_checkout():
+    readme = (CHECKOUT / "README.md").read_text()
+    user_part, developer_marker, _ = readme.partition("## Developing tensorxfer")
+    assert developer_marker, "README.md lost its 'Developing tensorxfer' section"
+    # A user who ran `pip install` has none of these.
+    checkout_paths = re.findall(r"(?<![\w/.])(?:examples|bench/python|bench/cpp|shared|tests|scripts|cpp|\.ci)/[\w./<>*-]*",
+                                user_part)
+    assert not checkout_paths, checkout_paths
