@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['CopyEngine', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'cuda_concurrent_managed_access', 'cuda_is_managed_pointer', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A non-owning view of a tensor's memory that keeps its owner alive.
@@ -333,6 +333,23 @@ class SlotRing:
     @property
     def wait_stats(self) -> dict:
         ...
+class CudaCopySubmitter:
+    """
+    Native cudaMemcpyAsync host-to-device submitter for one GPU.
+    """
+    def __init__(self, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def copy_host_to_device(self, dst: typing.SupportsInt | typing.SupportsIndex, src: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Queues cudaMemcpyAsync(dst, src, nbytes, HostToDevice) on `stream` (GIL released).
+        """
+    def order_after(self, stream: typing.SupportsInt | typing.SupportsIndex, waited_stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Makes `stream` wait on the device for the work queued on `waited_stream` so far.
+        """
+    @property
+    def device(self) -> int:
+        ...
 def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
 def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
@@ -347,6 +364,10 @@ def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsI
     ...
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
+def cuda_runtime_calls() -> int:
+    """
+    CUDA runtime calls tensorxfer made in this process so far (inherited across fork).
+    """
 def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
@@ -401,6 +422,7 @@ def sweep_stale_segments() -> int:
     """
 __version__: str
 build_info: dict
+cuda_copy_compiled: bool = True
 uvm_free_symbol: str = 'tensorxfer_uvm_free'
 uvm_last_error_symbol: str = 'tensorxfer_uvm_last_error'
 uvm_malloc_symbol: str = 'tensorxfer_uvm_malloc'
