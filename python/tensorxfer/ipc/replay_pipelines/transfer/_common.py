@@ -9,15 +9,14 @@ through the ``_``-prefixed hooks documented on the class.
 from __future__ import annotations
 
 import abc
-import math
 import numbers
 import threading
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
+from tensorxfer import _core
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
-DEFAULT_WAIT_TIMEOUT_S = 60.0
 TRACE_CATEGORY = "replay_transfer"
 SUBMIT_SPAN_NAME = "replay.h2d_submit"
 COPY_SPAN_NAME = "replay.h2d_copy"
@@ -37,28 +36,24 @@ def require_ring_depth(ring_depth: Any) -> int:
     return require_int(ring_depth, "ring_depth", minimum=1)
 
 
-def resolve_timeout(timeout: Any) -> float:
-    """``None`` -> the default wait; otherwise a finite number of seconds > 0."""
-    if timeout is None:
-        return DEFAULT_WAIT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    return float(timeout)
+def resolve_timeout(timeout: Any, operation: str) -> Optional[float]:
+    """A wait's ``timeout`` by the package rules (see :mod:`tensorxfer.errors`):
+    ``None`` (no deadline) or seconds >= 0 (0: check once)."""
+    return _core.check_timeout(timeout, operation)
 
 
-def poll_until_done(query, timeout: float, what: str) -> None:
+def poll_until_done(query: Callable[[], bool], timeout: Optional[float], what: str) -> None:
     """Polls ``query()`` (non-blocking) until it is True: spins briefly, then
-    sleeps with a growing interval (at most 1 ms).  Raises ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
+    sleeps with a growing interval (at most 1 ms).  ``timeout`` ``None``: no
+    deadline (Ctrl-C still interrupts the sleeps).  Raises ``TimeoutError``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.0
     while not query():
         now = time.monotonic()
-        if now >= deadline:
+        if deadline is not None and now >= deadline:
             raise TimeoutError(f"{what} did not finish within {timeout:g} s")
         if pause:
-            time.sleep(min(pause, deadline - now))
+            time.sleep(pause if deadline is None else min(pause, deadline - now))
         pause = min(max(pause * 2, 20e-6), 1e-3)
 
 
@@ -328,10 +323,11 @@ class TransferBackendBase(abc.ABC):
 
     def synchronize_ready(self, slot: int, *, timeout: Optional[float] = None) -> None:
         """Blocks until the slot's last submitted copy has finished; returns at once
-        when none is pending.  ``TimeoutError`` after ``timeout`` seconds (default
-        ``DEFAULT_WAIT_TIMEOUT_S``)."""
+        when none is pending.  ``timeout``: seconds (0: check once), ``None`` (the
+        default): no deadline, Ctrl-C still interrupts (``KeyboardInterrupt``).
+        ``TimeoutError`` when it passes."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.synchronize_ready")
         if self._submitted[slot]:
             self._wait_ready(slot, timeout)
 
@@ -340,7 +336,7 @@ class TransferBackendBase(abc.ABC):
         with streams: returns at once; host: the calling thread waits, bounded by
         ``timeout`` as in ``synchronize_ready``)."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.wait_current_stream_for_ready")
         if self._submitted[slot]:
             self._stream_wait_ready(slot, timeout)
 
@@ -365,10 +361,11 @@ class TransferBackendBase(abc.ABC):
         """Whether the slot's last copy finished; never blocks."""
 
     @abc.abstractmethod
-    def _wait_ready(self, slot: int, timeout: float) -> None:
-        """Blocks the caller until the slot's last copy finished; TimeoutError after ``timeout``."""
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
+        """Blocks the caller until the slot's last copy finished; TimeoutError after
+        ``timeout`` (``None``: no deadline; the wait must stay interruptible by Ctrl-C)."""
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         self._wait_ready(slot, timeout)
 
     def _close_impl(self) -> None:
@@ -376,7 +373,6 @@ class TransferBackendBase(abc.ABC):
 
 
 __all__ = [
-    "DEFAULT_WAIT_TIMEOUT_S",
     "TRACE_CATEGORY",
     "SUBMIT_SPAN_NAME",
     "COPY_SPAN_NAME",

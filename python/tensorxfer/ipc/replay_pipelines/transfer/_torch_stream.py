@@ -3,7 +3,7 @@ one ready event per slot, ``torch.<runtime>`` streams and events."""
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from tensorxfer.ipc.replay_pipelines.transfer._common import SubmittedCopy, TransferBackendBase, poll_until_done
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import (
@@ -64,10 +64,10 @@ class TorchStreamBackendBase(TransferBackendBase):
     def _query_ready(self, slot: int) -> bool:
         return self._ready_events[slot].query()
 
-    def _wait_ready(self, slot: int, timeout: float) -> None:
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         poll_until_done(self._ready_events[slot].query, timeout, f"the copy into slot {slot} on {self.device}")
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         self._runtime.current_stream(self.device).wait_event(self._ready_events[slot])
 
     def _close_impl(self) -> None:
