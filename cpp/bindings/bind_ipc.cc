@@ -130,7 +130,7 @@ void bind_ipc(py::module_& module) {
           py::arg("name"), py::arg("spin_us") = py::none())
       .def(
           "acquire_free",
-          [](SlotRing& ring, const py::handle& timeout) {
+          [](SlotRing& ring, const PyTimeout& timeout) {
             const auto wait = wait_timeout(timeout, "SlotRing.acquire_free");
             const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
@@ -141,7 +141,7 @@ void bind_ipc(py::module_& module) {
       .def("publish", &SlotRing::publish, py::arg("slot"), py::arg("tick_id"))
       .def(
           "acquire_ready",
-          [](SlotRing& ring, const py::handle& timeout) {
+          [](SlotRing& ring, const PyTimeout& timeout) {
             const auto wait = wait_timeout(timeout, "SlotRing.acquire_ready");
             const sync::WaitHook hook = python_signal_check();
             ipc::ReadySlot ready;

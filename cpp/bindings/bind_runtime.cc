@@ -81,7 +81,7 @@ class PyHostStream {
     stream_->wait_event(event);
   }
 
-  void synchronize(const py::handle& timeout_seconds) {
+  void synchronize(const PyTimeout& timeout_seconds) {
     const auto timeout = runtime_timeout(timeout_seconds, "HostStream.synchronize");
     const sync::WaitHook hook = python_signal_check();
     try {
@@ -100,7 +100,7 @@ class PyHostStream {
     return idle;
   }
 
-  void close(const py::handle& timeout_seconds) {
+  void close(const PyTimeout& timeout_seconds) {
     const auto timeout = runtime_timeout(timeout_seconds, "HostStream.close");
     const sync::WaitHook hook = python_signal_check();
     try {
@@ -147,7 +147,7 @@ void bind_runtime(py::module_& module) {
            "True if never recorded or the latest record is done. Never blocks.")
       .def(
           "wait",
-          [](const HostEvent& event, const py::handle& timeout_seconds) {
+          [](const HostEvent& event, const PyTimeout& timeout_seconds) {
             const auto timeout = runtime_timeout(timeout_seconds, "HostEvent.wait");
             const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
@@ -192,7 +192,7 @@ void bind_runtime(py::module_& module) {
                              "Tensors held for copies not yet seen finished (for tests).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyHostStream& stream, py::args) {
-        stream.close(py::float_(PyHostStream::kDefaultCloseSeconds));
+        stream.close(PyTimeout(py::float_(PyHostStream::kDefaultCloseSeconds)));
       });
 }
 
