@@ -48,6 +48,38 @@ inline bool shm_name_exists(const std::string& name) {
   return ::stat(("/dev/shm" + name).c_str(), &info) == 0;
 }
 
+// A pipe for short one-way notes (up to 127 characters) from a forked child.
+struct NotePipe {
+  NotePipe() {
+    if (::pipe(fds) != 0) fds[0] = fds[1] = -1;
+  }
+  ~NotePipe() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  NotePipe(const NotePipe&) = delete;
+  NotePipe& operator=(const NotePipe&) = delete;
+  void send(const std::string& text) const {
+    char buffer[128] = {};
+    std::strncpy(buffer, text.c_str(), sizeof(buffer) - 1);
+    (void)!::write(fds[1], buffer, sizeof(buffer));
+  }
+  // The next note; "" if the writer died first.
+  std::string receive() const {
+    char buffer[128] = {};
+    if (::read(fds[0], buffer, sizeof(buffer)) != static_cast<ssize_t>(sizeof(buffer))) return "";
+    return buffer;
+  }
+  int fds[2];
+};
+
+// Waits until `pid` stops (SIGSTOP) or ends; true if it stopped.
+inline bool wait_until_stopped(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, WUNTRACED) != pid) return false;
+  return WIFSTOPPED(status);
+}
+
 // A process running in a PID namespace of its own (as a container's processes
 // do): `inner` is its pid as this process sees it (it sees itself as pid 1);
 // `outer` is the helper that created the namespace and exits with inner's
