@@ -30,7 +30,7 @@ TEST(SlotRingNamespaceTest, AProducerInAnotherPidNamespaceKeepsItsSlotUntilKille
   auto consumer = SlotRing::create(2, 64);
   const std::string name = consumer->name();
   NotePipe pipe;
-  const auto child = fork_in_new_pid_namespace([&] {
+  auto child = fork_in_new_pid_namespace([&] {
     auto ring = SlotRing::attach(name);
     const uint32_t held = ring->acquire_free(1s);  // WRITING while we look
     ring->publish(ring->acquire_free(1s), 1);
@@ -52,8 +52,7 @@ TEST(SlotRingNamespaceTest, AProducerInAnotherPidNamespaceKeepsItsSlotUntilKille
     EXPECT_TRUE(local->try_acquire_free().has_value());
     EXPECT_FALSE(local->try_acquire_free().has_value()) << "the foreign producer's slot was reclaimed";
   }
-  ::kill(child.inner, SIGKILL);
-  EXPECT_EQ(wait_exit_code(child.outer), 128 + SIGKILL);
+  EXPECT_EQ(child.kill_and_wait(), 128 + SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(consumer->acquire_ready(5s), PeerLost);
   EXPECT_LT(elapsed_ms(start), 1000.0);
@@ -62,7 +61,7 @@ TEST(SlotRingNamespaceTest, AProducerInAnotherPidNamespaceKeepsItsSlotUntilKille
 
 TEST(SlotRingNamespaceTest, AConsumerInAnotherPidNamespaceKeepsItsRingUntilKilled) {
   NotePipe pipe;
-  const auto child = fork_in_new_pid_namespace([&] {
+  auto child = fork_in_new_pid_namespace([&] {
     auto ring = SlotRing::create(1, 64);
     pipe.send(ring->name());
     ::pause();
@@ -76,8 +75,7 @@ TEST(SlotRingNamespaceTest, AConsumerInAnotherPidNamespaceKeepsItsRingUntilKille
   EXPECT_THROW((void)producer->acquire_free(100ms), Timeout);  // waits for a live consumer
   (void)memory::sweep_stale_segments();
   EXPECT_TRUE(shm_name_exists(name)) << "a live consumer's ring was removed";
-  ::kill(child.inner, SIGKILL);
-  EXPECT_EQ(wait_exit_code(child.outer), 128 + SIGKILL);
+  EXPECT_EQ(child.kill_and_wait(), 128 + SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW((void)producer->acquire_free(5s), PeerLost);
   EXPECT_LT(elapsed_ms(start), 1000.0);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 namespace tensorxfer::testing {
 
@@ -84,11 +86,29 @@ inline bool wait_until_stopped(pid_t pid) {
 // do): `inner` is its pid as this process sees it (it sees itself as pid 1);
 // `outer` is the helper that created the namespace and exits with inner's
 // exit code. skip_reason is set (and both pids are 0) when this machine does
-// not allow a new PID namespace (unshare needs CAP_SYS_ADMIN).
+// not allow a new PID namespace (unshare needs CAP_SYS_ADMIN). Destruction
+// kills and reaps whatever still runs, so a failed assertion leaves no orphan.
 struct NamespacedChild {
   pid_t outer = 0;
   pid_t inner = 0;
   std::string skip_reason;
+
+  NamespacedChild() = default;
+  NamespacedChild(NamespacedChild&& other) noexcept
+      : outer(std::exchange(other.outer, 0)), inner(std::exchange(other.inner, 0)),
+        skip_reason(std::move(other.skip_reason)) {}
+  NamespacedChild& operator=(NamespacedChild&&) = delete;
+  ~NamespacedChild() { (void)kill_and_wait(); }
+
+  // SIGKILLs the inner process and returns the outer's exit code (128 + SIGKILL
+  // when the kill ended it); -1 if there is nothing to wait for.
+  int kill_and_wait() {
+    if (outer <= 0) return -1;
+    ::kill(inner, SIGKILL);
+    const int code = wait_exit_code(outer);
+    outer = inner = 0;
+    return code;
+  }
 };
 
 // Runs `body` (returning its exit code) in a new PID namespace. The body sees
