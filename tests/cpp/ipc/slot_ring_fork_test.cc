@@ -18,7 +18,9 @@ namespace tensorxfer::ipc {
 namespace {
 
 using tensorxfer::testing::fork_child;
+using tensorxfer::testing::NotePipe;
 using tensorxfer::testing::shm_name_exists;
+using tensorxfer::testing::wait_exit_code;
 
 using namespace std::chrono_literals;
 
@@ -84,6 +86,41 @@ TEST(SlotRingForkTest, AChildForkedWhileAThreadWaitsClosesAndExits) {
   EXPECT_FALSE(consumer->is_closed());
   EXPECT_TRUE(shm_name_exists(consumer->name()));
   EXPECT_EQ(consumer->live_producers(), 1u);
+}
+
+// A producer forked from the consumer's process inherits its descriptors; it
+// must not keep the consumer's liveness lock (and so the consumer) "alive".
+TEST(SlotRingForkTest, AProducerForkedFromTheConsumerStillSeesItDie) {
+  NotePipe pipe;
+  const pid_t consumer = fork_child([&] {
+    auto ring = SlotRing::create(1, 64);
+    pipe.send(ring->name());
+    (void)fork_child([&] {
+      auto producer = SlotRing::attach(ring->name());
+      (void)producer->acquire_free(1s);  // the only slot
+      pipe.send("waiting");
+      try {
+        (void)producer->acquire_free(10s);
+        pipe.send("no error");
+      } catch (const PeerLost&) {
+        pipe.send("peer lost");
+      } catch (const Timeout&) {
+        pipe.send("timeout");
+      }
+      return 0;
+    });
+    ::pause();
+    return 0;
+  });
+  const std::string name = pipe.receive();
+  ASSERT_EQ(pipe.receive(), "waiting");
+  ::kill(consumer, SIGKILL);
+  ASSERT_EQ(wait_exit_code(consumer), 128 + SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(pipe.receive(), "peer lost");
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited_ms, 2000.0);
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 }  // namespace
