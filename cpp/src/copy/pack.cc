@@ -92,6 +92,7 @@ void gather_range(const FieldPlan& plan, const int64_t* indices, int64_t begin, 
 // while the GIL is released, and what is checked must be what is used.
 std::vector<int64_t> snapshot_indices(const TensorView& indices, int64_t count, bool wide) {
   std::vector<int64_t> snapshot(static_cast<std::size_t>(count));
+  if (count == 0) return snapshot;  // no memcpy from / to a null pointer
   if (wide) {
     std::memcpy(snapshot.data(), indices.data, snapshot.size() * sizeof(int64_t));
   } else {
