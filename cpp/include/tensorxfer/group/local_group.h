@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tensorxfer/sync/spin_policy.h"
 #include "tensorxfer/sync/wait_hook.h"
 
 namespace tensorxfer::group {
@@ -44,7 +45,7 @@ class LocalGroup {
   static constexpr std::size_t kMailboxBytes = 64 * 1024;
   // Longest accepted group name, in bytes.
   static constexpr std::size_t kMaxNameBytes = 200;
-  static constexpr int kMaxWorldSize = 4096;
+  static constexpr int kMaxWorldSize = 1024;
 
   // Collective: every rank calls with the same name and world_size.
   // name: 1..kMaxNameBytes bytes, any characters but NUL. 0 <= rank < world_size.
@@ -98,7 +99,17 @@ class LocalGroup {
   LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size);
   void require_open(const char* operation) const;
 
+  // Waits until every rank's barrier epoch reaches `target`.
+  void await_epoch(uint64_t target, const char* operation, std::chrono::nanoseconds timeout,
+                   std::chrono::steady_clock::time_point deadline, const sync::WaitHook& hook);
+  void await_all_joined(std::chrono::nanoseconds timeout, std::chrono::steady_clock::time_point deadline,
+                        const sync::WaitHook& hook);
+  // Throws PeerLost for a lost peer unless `settled()` turns true on a re-check.
+  template <typename Settled>
+  void watch_peers(Settled& settled, const sync::WaitHook& hook) const;
+
   std::unique_ptr<GroupSegment> segment_;
+  std::unique_ptr<sync::SpinPolicy> spin_;  // how this rank's waits spend their time (adaptive)
   std::string name_;
   int rank_ = 0;
   int world_size_ = 0;

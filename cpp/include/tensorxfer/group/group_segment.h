@@ -1,0 +1,101 @@
+// GroupSegment: one process's mapping of a group segment (group_layout.h) and
+// the membership protocol on it: claiming a rank, joining, leaving, and
+// removing the segment exactly once when nobody live uses it.
+//
+// Publication: a new segment is built complete in an unnamed file (O_TMPFILE
+// in /dev/shm, or a private temporary name where that is unsupported), its
+// creator already joined, then linked under the group's name; link() fails if
+// the name exists, so the name only ever shows a complete, valid segment with
+// at least one member.
+//
+// Removal: only the process that moves GroupControl::state from kOpen to
+// kCondemned unlinks, and only after re-checking that no member is live; a
+// joiner claims its slot first and then checks the state (both seq_cst), so
+// either the condemner sees the claim (and reopens the segment) or the joiner
+// sees kCondemned (and withdraws). A name is therefore unlinked at most once,
+// while it still names this segment.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorxfer/group/group_layout.h"
+
+namespace tensorxfer::group {
+
+// Whether a member process still lives: the one place that decides it, so the
+// container-safe liveness primitive replaces this body only. start_ticks == 0:
+// only the pid is known (a claim being completed).
+bool member_process_alive(int32_t pid, uint64_t start_ticks) noexcept;
+
+class GroupSegment {
+ public:
+  // The segment published under `group_name`, or nullptr when there is none.
+  // Throws InvalidArgument when it belongs to another user, is readable or
+  // writable by others, or holds another group (a name-hash collision);
+  // CorruptSegment when it is truncated or its header fails validation.
+  static std::unique_ptr<GroupSegment> open_existing(const std::string& group_name);
+
+  // Builds a segment for `world_size` ranks with `rank` joined by the calling
+  // process and publishes it; nullptr when the name was taken first.
+  static std::unique_ptr<GroupSegment> create_with_member(const std::string& group_name, int world_size, int rank,
+                                                          uint64_t mailbox_nbytes);
+
+  GroupSegment(const GroupSegment&) = delete;
+  GroupSegment& operator=(const GroupSegment&) = delete;
+  ~GroupSegment();  // unmaps; membership is the caller's business
+
+  // "/dev/shm/tensorxfer-group-...".
+  const std::string& path() const noexcept { return path_; }
+  int world_size() const noexcept { return world_size_; }
+  uint64_t mailbox_nbytes() const noexcept { return mailbox_nbytes_; }
+  // The process that mapped this object (a fork()ed child is another process).
+  pid_t mapped_by() const noexcept { return mapped_by_; }
+
+  GroupControl& control() const noexcept;
+  RankSlot& slot(int rank) const noexcept;
+  MailboxHeader& mailbox_header(int rank, int which) const noexcept;
+  std::byte* mailbox_data(int rank, int which) const noexcept;
+
+  // The validated claim of `rank` (acquire). Throws CorruptSegment.
+  Claim claim_of(int rank) const;
+  // Claimed or joined, and its process alive. Never throws (corrupt -> false).
+  bool member_alive(int rank) const noexcept;
+  // "rank 2 (pid 1234)".
+  std::string describe_member(int rank) const;
+
+  struct Survey {
+    int live = 0;
+    std::vector<int> dead;  // claimed or joined, process gone
+    std::vector<int> left;  // closed the group
+    std::vector<int> free;  // never claimed
+  };
+  Survey survey() const;
+
+  // Membership of the calling process (see the protocol above).
+  [[nodiscard]] bool try_claim(int rank);  // false: the rank is taken
+  bool condemned() const noexcept;
+  void withdraw_claim(int rank) noexcept;
+  void complete_join(int rank);
+  void mark_left(int rank) noexcept;
+  // Unlinks the name when no member is live and nobody else is condemning;
+  // true when this call unlinked it. Never throws.
+  bool unlink_if_unused() noexcept;
+
+ private:
+  GroupSegment(std::string path, std::byte* base, std::size_t nbytes, int world_size, uint64_t mailbox_nbytes);
+
+  std::string path_;
+  std::byte* base_;
+  std::size_t nbytes_;
+  int world_size_;
+  uint64_t mailbox_nbytes_;
+  pid_t mapped_by_;
+};
+
+}  // namespace tensorxfer::group

@@ -1,0 +1,278 @@
+#include "tensorxfer/group/group_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
+#include "tensorxfer/common/fd.h"
+#include "tensorxfer/sync/peer_liveness.h"
+
+namespace tensorxfer::group {
+namespace {
+
+constexpr const char* kShmDirectory = "/dev/shm";
+
+bool read_exactly(int fd, void* destination, std::size_t nbytes) noexcept {
+  auto* bytes = static_cast<char*>(destination);
+  std::size_t filled = 0;
+  while (filled < nbytes) {
+    const ssize_t got = ::pread(fd, bytes + filled, nbytes - filled, static_cast<off_t>(filled));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    filled += static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+std::byte* map_shared(int fd, std::size_t nbytes, const std::string& path) {
+  void* base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) throw_system_error("mmap(" + path + ")");
+  return static_cast<std::byte*>(base);
+}
+
+// An unnamed file in /dev/shm (O_TMPFILE), or one under a private random name
+// (returned in `temporary_path`, to be unlinked after publishing).
+FileDescriptor open_unnamed_file(std::string& temporary_path) {
+  FileDescriptor fd(::open(kShmDirectory, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (fd.valid()) return fd;
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL && errno != ENOENT) {
+    throw_system_error(std::string("open(") + kShmDirectory + ", O_TMPFILE)");
+  }
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    uint64_t random = 0;
+    if (::getrandom(&random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) throw_system_error("getrandom");
+    temporary_path = std::string(kShmDirectory) + "/tensorxfer-group-tmp-" + std::to_string(::getpid()) + "-" +
+                     std::to_string(random);
+    fd = FileDescriptor(::open(temporary_path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (fd.valid()) return fd;
+    if (errno != EEXIST) throw_system_error("open(" + temporary_path + ")");
+  }
+  throw_system_error("open(" + temporary_path + ")");
+}
+
+}  // namespace
+
+bool member_process_alive(int32_t pid, uint64_t start_ticks) noexcept {
+  if (pid <= 0) return false;
+  if (start_ticks == 0) return sync::identity_of(pid).pid != 0;
+  sync::ProcessIdentity identity;
+  identity.pid = pid;
+  identity.start_ticks = start_ticks;
+  return sync::is_alive(identity);
+}
+
+GroupSegment::GroupSegment(std::string path, std::byte* base, std::size_t nbytes, int world_size,
+                           uint64_t mailbox_nbytes)
+    : path_(std::move(path)),
+      base_(base),
+      nbytes_(nbytes),
+      world_size_(world_size),
+      mailbox_nbytes_(mailbox_nbytes),
+      mapped_by_(::getpid()) {}
+
+GroupSegment::~GroupSegment() { ::munmap(base_, nbytes_); }
+
+std::unique_ptr<GroupSegment> GroupSegment::open_existing(const std::string& group_name) {
+  const std::string path = kShmDirectory + group_segment_name(group_name);
+  const std::string context = "LocalGroup '" + group_name + "' (" + path + ")";
+  FileDescriptor fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return nullptr;
+    throw_system_error("open(" + path + ")");
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) throw_system_error("fstat(" + path + ")");
+  TENSORXFER_CHECK(InvalidArgument, info.st_uid == ::geteuid(), context, ": the segment belongs to uid ", info.st_uid,
+                   ", not to this user (uid ", ::geteuid(), "); refusing another user's group");
+  TENSORXFER_CHECK(CorruptSegment, S_ISREG(info.st_mode), context, ": not a regular file");
+  TENSORXFER_CHECK(InvalidArgument, (info.st_mode & 077) == 0, context, ": mode is 0", std::oct,
+                   (info.st_mode & 0777), ", expected 0600; refusing a segment others can access");
+  const auto file_nbytes = static_cast<std::size_t>(info.st_size);
+  TENSORXFER_CHECK(CorruptSegment, file_nbytes >= kSlotsOffset, context, ": segment is ", file_nbytes,
+                   " bytes, expected at least ", kSlotsOffset, " (truncated?)");
+  GroupHeader header;
+  TENSORXFER_CHECK(CorruptSegment, read_exactly(fd.get(), &header, sizeof(header)), context,
+                   ": cannot read the header");
+  validate_group_header(header, file_nbytes, context);
+  TENSORXFER_CHECK(InvalidArgument,
+                   std::string_view(header.name, header.name_nbytes) == std::string_view(group_name), context,
+                   ": the segment holds group '", std::string(header.name, header.name_nbytes),
+                   "' (a segment-name collision); choose another name");
+  std::byte* base = map_shared(fd.get(), file_nbytes, path);
+  return std::unique_ptr<GroupSegment>(new GroupSegment(path, base, file_nbytes, static_cast<int>(header.world_size),
+                                                        header.mailbox_nbytes));
+}
+
+std::unique_ptr<GroupSegment> GroupSegment::create_with_member(const std::string& group_name, int world_size,
+                                                               int rank, uint64_t mailbox_nbytes) {
+  const std::string path = kShmDirectory + group_segment_name(group_name);
+  const GroupHeader header = make_group_header(group_name, world_size, mailbox_nbytes);
+  const auto nbytes = static_cast<std::size_t>(header.total_nbytes);
+  const sync::ProcessIdentity self = sync::current_process_identity();
+
+  std::string temporary_path;
+  FileDescriptor fd = open_unnamed_file(temporary_path);
+  struct TemporaryName {
+    std::string& path;
+    ~TemporaryName() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } temporary_name{temporary_path};
+  // The umask may have narrowed the mode; make it exactly 0600.
+  if (::fchmod(fd.get(), 0600) != 0) throw_system_error("fchmod(" + path + ", 0600)");
+  if (::ftruncate(fd.get(), static_cast<off_t>(nbytes)) != 0) throw_system_error("ftruncate(" + path + ")");
+  // Reserve the pages now: a full /dev/shm fails here with ENOSPC instead of a later SIGBUS.
+  const int reserve_error = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(nbytes));
+  if (reserve_error != 0 && reserve_error != EOPNOTSUPP && reserve_error != EINVAL) {
+    throw SystemError("posix_fallocate(" + path + ", " + std::to_string(nbytes) + " bytes)", reserve_error);
+  }
+  std::unique_ptr<GroupSegment> segment(
+      new GroupSegment(path, map_shared(fd.get(), nbytes, path), nbytes, world_size, mailbox_nbytes));
+  // Nobody else can see the file yet: plain initialisation, published by link() below.
+  std::memcpy(segment->base_, &header, sizeof(header));
+  RankSlot& mine = segment->slot(rank);
+  mine.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
+  mine.claim.store(encode_claim(MemberState::kJoined, self.pid), std::memory_order_relaxed);
+  segment->control().joined_count.store(1, std::memory_order_relaxed);
+
+  const std::string source =
+      temporary_path.empty() ? "/proc/self/fd/" + std::to_string(fd.get()) : temporary_path;
+  const int flags = temporary_path.empty() ? AT_SYMLINK_FOLLOW : 0;
+  if (::linkat(AT_FDCWD, source.c_str(), AT_FDCWD, path.c_str(), flags) != 0) {
+    if (errno == EEXIST) return nullptr;
+    throw_system_error("link(" + source + ", " + path + ")");
+  }
+  return segment;
+}
+
+GroupControl& GroupSegment::control() const noexcept {
+  return *reinterpret_cast<GroupControl*>(base_ + kControlOffset);
+}
+
+RankSlot& GroupSegment::slot(int rank) const noexcept {
+  return reinterpret_cast<RankSlot*>(base_ + kSlotsOffset)[rank];
+}
+
+MailboxHeader& GroupSegment::mailbox_header(int rank, int which) const noexcept {
+  return *reinterpret_cast<MailboxHeader*>(base_ + mailbox_buffer_offset(world_size_, mailbox_nbytes_, rank, which));
+}
+
+std::byte* GroupSegment::mailbox_data(int rank, int which) const noexcept {
+  return base_ + mailbox_buffer_offset(world_size_, mailbox_nbytes_, rank, which) + kMailboxHeaderBytes;
+}
+
+Claim GroupSegment::claim_of(int rank) const {
+  // acquire: a kJoined claim publishes the member's start_ticks written before it.
+  return decode_claim(slot(rank).claim.load(std::memory_order_acquire), rank, path_);
+}
+
+bool GroupSegment::member_alive(int rank) const noexcept {
+  try {
+    const Claim claim = claim_of(rank);
+    if (claim.state != MemberState::kClaimed && claim.state != MemberState::kJoined) return false;
+    // relaxed: ordered after the claim's acquire load above.
+    const uint64_t start = claim.state == MemberState::kJoined ? slot(rank).start_ticks.load(std::memory_order_relaxed)
+                                                                : 0;
+    return member_process_alive(claim.pid, start);
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string GroupSegment::describe_member(int rank) const {
+  const Claim claim = claim_of(rank);
+  if (claim.state == MemberState::kFree) return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(rank) + " (pid " + std::to_string(claim.pid) + ")";
+}
+
+GroupSegment::Survey GroupSegment::survey() const {
+  Survey result;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    const Claim claim = claim_of(rank);
+    switch (claim.state) {
+      case MemberState::kFree: result.free.push_back(rank); break;
+      case MemberState::kLeft: result.left.push_back(rank); break;
+      default:
+        if (member_alive(rank)) {
+          ++result.live;
+        } else {
+          result.dead.push_back(rank);
+        }
+    }
+  }
+  return result;
+}
+
+bool GroupSegment::try_claim(int rank) {
+  uint64_t expected = 0;
+  // seq_cst: the claim must be visible to a condemner before we read the group
+  // state in condemned() (store-load ordering, see the header).
+  return slot(rank).claim.compare_exchange(expected, encode_claim(MemberState::kClaimed, ::getpid()),
+                                           std::memory_order_seq_cst);
+}
+
+bool GroupSegment::condemned() const noexcept {
+  // seq_cst: pairs with try_claim's and unlink_if_unused's seq_cst accesses.
+  return control().state.load(std::memory_order_seq_cst) != kGroupOpen;
+}
+
+void GroupSegment::withdraw_claim(int rank) noexcept {
+  // release: nothing was published under the claim; orders the withdrawal after it.
+  slot(rank).claim.store(0, std::memory_order_release);
+  control().membership.notify_all();
+}
+
+void GroupSegment::complete_join(int rank) {
+  const sync::ProcessIdentity self = sync::current_process_identity();
+  RankSlot& mine = slot(rank);
+  // relaxed: published by the release store of the claim below.
+  mine.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
+  // release: readers that see kJoined also see start_ticks.
+  mine.claim.store(encode_claim(MemberState::kJoined, self.pid), std::memory_order_release);
+  // acq_rel: the count is what join waits for; our joined claim happens-before it.
+  control().joined_count.fetch_add(1, std::memory_order_acq_rel);
+  control().membership.notify_all();
+}
+
+void GroupSegment::mark_left(int rank) noexcept {
+  // seq_cst: a condemner that reads the slots after this sees us gone; our
+  // barrier epoch and mailbox writes happen-before it (peers that see kLeft
+  // re-check their barrier before calling us lost).
+  slot(rank).claim.store(encode_claim(MemberState::kLeft, ::getpid()), std::memory_order_seq_cst);
+  control().membership.notify_all();
+  control().arrivals.notify_all();
+}
+
+bool GroupSegment::unlink_if_unused() noexcept {
+  try {
+    if (survey().live > 0) return false;
+    const auto self = static_cast<uint32_t>(::getpid());
+    uint32_t expected = kGroupOpen;
+    // seq_cst: see the header; only the winner of this exchange may unlink.
+    if (!control().state.compare_exchange(expected, self, std::memory_order_seq_cst)) {
+      // A condemner that died before unlinking would block the name forever: take over.
+      if (member_process_alive(static_cast<int32_t>(expected), 0)) return false;
+      if (!control().state.compare_exchange(expected, self, std::memory_order_seq_cst)) return false;
+    }
+    if (survey().live > 0) {
+      // A joiner claimed a slot meanwhile: it keeps the segment.
+      control().state.store(kGroupOpen, std::memory_order_seq_cst);
+      return false;
+    }
+  } catch (...) {
+    return false;  // corrupt slots: leave the name for a joiner to report
+  }
+  ::unlink(path_.c_str());
+  return true;
+}
+
+}  // namespace tensorxfer::group
