@@ -42,9 +42,10 @@ std::string seconds_text(std::chrono::nanoseconds timeout) {
   return text.str();
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (const int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+// "rank 3" or "ranks 1, 2".
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
   return text;
 }
 
@@ -77,9 +78,9 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
                    ", but this rank asked for world_size ", world_size);
   if (!survey.dead.empty() || !survey.left.empty()) {
     waiting = "members of a previous job are still attached (";
-    if (!survey.dead.empty()) waiting += "exited: ranks " + rank_list(survey.dead);
-    if (!survey.left.empty()) waiting += std::string(survey.dead.empty() ? "" : "; ") + "closed: ranks " +
-                                         rank_list(survey.left);
+    if (!survey.dead.empty()) waiting += "exited: " + ranks_text(survey.dead);
+    if (!survey.left.empty()) waiting += std::string(survey.dead.empty() ? "" : "; ") + "closed: " +
+                                         ranks_text(survey.left);
     waiting += ") and have not closed the group yet";
     next = Attempt::kRetryLater;
     return nullptr;
@@ -224,7 +225,7 @@ void LocalGroup::await_all_joined(std::chrono::nanoseconds timeout, sync::WaitTi
     const Claim claim = segment_->claim_of(peer);
     if (claim.state == MemberState::kFree || claim.state == MemberState::kClaimed) missing.push_back(peer);
   }
-  throw Timeout("LocalGroup::join(" + quoted(name_) + "): ranks " + rank_list(missing) + " of world_size " +
+  throw Timeout("LocalGroup::join(" + quoted(name_) + "): " + ranks_text(missing) + " of world_size " +
                 std::to_string(world_size_) + " did not join within " + seconds_text(timeout));
 }
 
@@ -249,7 +250,7 @@ void LocalGroup::await_epoch(uint64_t target, const char* operation, std::chrono
   for (int peer = 0; peer < world_size_; ++peer) {
     if (segment_->slot(peer).barrier_epoch.load(std::memory_order_acquire) < target) missing.push_back(peer);
   }
-  throw Timeout("LocalGroup::" + std::string(operation) + "(" + quoted(name_) + "): ranks " + rank_list(missing) +
+  throw Timeout("LocalGroup::" + std::string(operation) + "(" + quoted(name_) + "): " + ranks_text(missing) +
                 " did not arrive within " + seconds_text(timeout));
 }
 

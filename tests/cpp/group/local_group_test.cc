@@ -136,7 +136,7 @@ TEST(LocalGroupTest, BarrierTimesOutNamingTheRankThatDidNotArrive) {
     groups[0]->barrier(100ms);
     FAIL() << "expected Timeout";
   } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what()).find("ranks 2 did not arrive"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("rank 2 did not arrive"), std::string::npos) << error.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
   rank1.join();
