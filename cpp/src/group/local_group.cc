@@ -182,16 +182,20 @@ bool LocalGroup::rank_alive(int rank) const noexcept {
 void LocalGroup::check_peers() const {
   require_open("check_peers");
   // An exit is reported before a close: peers that saw the exit close in turn.
+  check_exited_peers();
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_ && segment_->claim_of(peer).state == MemberState::kLeft) {
+      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
+    }
+  }
+}
+
+void LocalGroup::check_exited_peers() const {
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     const MemberState state = segment_->claim_of(peer).state;
     if ((state == MemberState::kClaimed || state == MemberState::kJoined) && !segment_->member_alive(peer)) {
       throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " exited");
-    }
-  }
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->claim_of(peer).state == MemberState::kLeft) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
     }
   }
 }
@@ -218,7 +222,13 @@ void LocalGroup::await_all_joined(std::chrono::nanoseconds timeout, sync::WaitTi
                      ": joined_count ", joined, " exceeds world_size ", world_size_);
     return joined == static_cast<uint32_t>(world_size_);
   };
-  const auto status = control.membership.await(all_joined, deadline, *spin_, [&] { watch_peers(all_joined, hook); });
+  // A rank that exits during the rendezvous is reported at once; one that
+  // closed (its own join timed out first) is not: the timeout below names the
+  // ranks that never came, which is the cause.
+  const auto status = control.membership.await(all_joined, deadline, *spin_, [&] {
+    if (hook) hook();
+    check_exited_peers();
+  });
   if (status == sync::WaitStatus::kReady) return;
   std::vector<int> missing;
   for (int peer = 0; peer < world_size_; ++peer) {

@@ -104,6 +104,8 @@ class LocalGroup {
                    std::chrono::steady_clock::time_point deadline, const sync::WaitHook& hook);
   void await_all_joined(std::chrono::nanoseconds timeout, std::chrono::steady_clock::time_point deadline,
                         const sync::WaitHook& hook);
+  // Throws PeerLost naming the first rank whose process exited without closing.
+  void check_exited_peers() const;
   // Throws PeerLost for a lost peer unless `settled()` turns true on a re-check.
   template <typename Settled>
   void watch_peers(Settled& settled, const sync::WaitHook& hook) const;
