@@ -136,3 +136,24 @@ def test_from_torch_requires_an_initialized_process_group():
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         LocalGroup.from_torch()
+
+
+def test_info_reports_futexes_across_processes_next_to_cross_memory_attach():
+    import json
+    import subprocess
+    import sys
+
+    def run(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "tensorxfer", "info", *args], capture_output=True, text=True,
+                                timeout=60, env=os.environ.copy())
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    info = json.loads(run("--json"))
+    # Linux futexes on MAP_SHARED memory work across processes: the probe forks and must see it.
+    assert info["futexes_across_processes"]["works"] is True, info["futexes_across_processes"]
+    assert "forked child" in info["futexes_across_processes"]["detail"]
+    assert "permitted" in info["cross_memory_attach"]
+    text = run()
+    assert "futexes across processes  yes" in text
+    assert "cross-memory attach" in text
