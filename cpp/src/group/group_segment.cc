@@ -1,5 +1,6 @@
 #include "tensorxfer/group/group_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -20,6 +21,7 @@ namespace tensorxfer::group {
 namespace {
 
 constexpr const char* kShmDirectory = "/dev/shm";
+constexpr const char* kSegmentPrefix = "tensorxfer-group-";  // group_segment_name() without the '/'
 
 bool read_exactly(int fd, void* destination, std::size_t nbytes) noexcept {
   auto* bytes = static_cast<char*>(destination);
@@ -83,7 +85,11 @@ GroupSegment::~GroupSegment() { ::munmap(base_, nbytes_); }
 
 std::unique_ptr<GroupSegment> GroupSegment::open_existing(const std::string& group_name) {
   const std::string path = kShmDirectory + group_segment_name(group_name);
-  const std::string context = "LocalGroup '" + group_name + "' (" + path + ")";
+  return open_path(path, &group_name, "LocalGroup '" + group_name + "' (" + path + ")");
+}
+
+std::unique_ptr<GroupSegment> GroupSegment::open_path(const std::string& path, const std::string* group_name,
+                                                      const std::string& context) {
   FileDescriptor fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ENOENT) return nullptr;
@@ -103,17 +109,44 @@ std::unique_ptr<GroupSegment> GroupSegment::open_existing(const std::string& gro
   TENSORXFER_CHECK(CorruptSegment, read_exactly(fd.get(), &header, sizeof(header)), context,
                    ": cannot read the header");
   validate_group_header(header, file_nbytes, context);
-  TENSORXFER_CHECK(InvalidArgument,
-                   std::string_view(header.name, header.name_nbytes) == std::string_view(group_name), context,
-                   ": the segment holds group '", std::string(header.name, header.name_nbytes),
-                   "' (a segment-name collision); choose another name");
+  if (group_name != nullptr) {
+    TENSORXFER_CHECK(InvalidArgument,
+                     std::string_view(header.name, header.name_nbytes) == std::string_view(*group_name), context,
+                     ": the segment holds group '", std::string(header.name, header.name_nbytes),
+                     "' (a segment-name collision); choose another name");
+  }
   std::byte* base = map_shared(fd.get(), file_nbytes, path);
   return std::unique_ptr<GroupSegment>(new GroupSegment(path, base, file_nbytes, static_cast<int>(header.world_size),
                                                         header.mailbox_nbytes));
 }
 
+std::size_t GroupSegment::sweep_dead_groups() noexcept {
+  std::vector<std::string> paths;
+  if (DIR* directory = ::opendir(kShmDirectory)) {
+    const std::string prefix = std::string(kSegmentPrefix);
+    while (const dirent* entry = ::readdir(directory)) {
+      const std::string file = entry->d_name;
+      if (file.compare(0, prefix.size(), prefix) == 0 && file.compare(0, prefix.size() + 4, prefix + "tmp-") != 0) {
+        paths.push_back(std::string(kShmDirectory) + "/" + file);
+      }
+    }
+    ::closedir(directory);
+  }
+  std::size_t removed = 0;
+  for (const std::string& path : paths) {
+    try {
+      const auto segment = open_path(path, nullptr, "sweep " + path);
+      if (segment && segment->unlink_if_unused()) ++removed;
+    } catch (...) {
+      // Another user's, damaged, or unreadable: never remove what we cannot validate.
+    }
+  }
+  return removed;
+}
+
 std::unique_ptr<GroupSegment> GroupSegment::create_with_member(const std::string& group_name, int world_size,
                                                                int rank, uint64_t mailbox_nbytes) {
+  (void)sweep_dead_groups();
   const std::string path = kShmDirectory + group_segment_name(group_name);
   const GroupHeader header = make_group_header(group_name, world_size, mailbox_nbytes);
   const auto nbytes = static_cast<std::size_t>(header.total_nbytes);

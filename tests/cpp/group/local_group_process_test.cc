@@ -100,6 +100,24 @@ TEST(LocalGroupProcessTest, ADeadJobsSegmentIsReplacedEvenWithAnotherWorldSize) 
   EXPECT_FALSE(path_exists(group_path(name)));
 }
 
+TEST(LocalGroupProcessTest, CreatingAnyGroupSweepsGroupsWhoseMembersAllDied) {
+  const std::string dead_name = unique_group_name("all-dead");
+  const pid_t dead = fork_child([&] {
+    auto group = LocalGroup::join(dead_name, 0, 2, 30s);
+    return 0;
+  });
+  ASSERT_TRUE(wait_for_path(group_path(dead_name), 5s));
+  const std::string live_name = unique_group_name("still-live");
+  std::thread live_member([&] { EXPECT_THROW(LocalGroup::join(live_name, 0, 2, 500ms), Timeout); });
+  ASSERT_TRUE(wait_for_path(group_path(live_name), 5s));
+  ASSERT_EQ(::kill(dead, SIGKILL), 0);
+  ASSERT_EQ(wait_exit_code(dead), 128 + SIGKILL);
+  auto unrelated = LocalGroup::join(unique_group_name("sweeper"), 0, 1, 1s);
+  EXPECT_FALSE(path_exists(group_path(dead_name))) << "a group with no live member is swept";
+  EXPECT_TRUE(path_exists(group_path(live_name))) << "a group with a live member is kept";
+  live_member.join();
+}
+
 TEST(LocalGroupProcessTest, ALiveGroupIsNotReplacedWhileAnExitedMembersPeersStillHoldIt) {
   // Rank 1 dies; rank 0 (alive, not yet closed) still holds the segment. A new
   // job's join waits for it rather than stealing it, and succeeds once rank 0 closes.

@@ -42,9 +42,15 @@ class GroupSegment {
   static std::unique_ptr<GroupSegment> open_existing(const std::string& group_name);
 
   // Builds a segment for `world_size` ranks with `rank` joined by the calling
-  // process and publishes it; nullptr when the name was taken first.
+  // process and publishes it; nullptr when the name was taken first. Runs
+  // sweep_dead_groups() first.
   static std::unique_ptr<GroupSegment> create_with_member(const std::string& group_name, int world_size, int rank,
                                                           uint64_t mailbox_nbytes);
+
+  // Removes this user's group segments that no live member uses (every member
+  // exited or closed), with the same protocol as a leaver; leaves alone what it
+  // cannot validate. Returns how many it removed. Never throws.
+  static std::size_t sweep_dead_groups() noexcept;
 
   GroupSegment(const GroupSegment&) = delete;
   GroupSegment& operator=(const GroupSegment&) = delete;
@@ -88,6 +94,9 @@ class GroupSegment {
   bool unlink_if_unused() noexcept;
 
  private:
+  // open_existing for a path; `group_name` (when not null) must match the header's.
+  static std::unique_ptr<GroupSegment> open_path(const std::string& path, const std::string* group_name,
+                                                 const std::string& context);
   GroupSegment(std::string path, std::byte* base, std::size_t nbytes, int world_size, uint64_t mailbox_nbytes);
 
   std::string path_;
