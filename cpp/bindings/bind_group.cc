@@ -12,9 +12,7 @@
 #include <cstring>
 #include <thread>
 #include <utility>
-#include <cmath>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,18 +26,6 @@ namespace tensorxfer::bindings {
 namespace {
 
 using group::LocalGroup;
-
-std::chrono::nanoseconds group_timeout(const std::optional<double>& seconds, const char* operation) {
-  if (!seconds) return std::chrono::nanoseconds::max();
-  TENSORXFER_CHECK(InvalidArgument, !std::isnan(*seconds) && *seconds >= 0.0, operation,
-                   ": timeout must be None or a number of seconds >= 0, got ", *seconds);
-  if (std::isinf(*seconds) || *seconds > 1e9) return std::chrono::nanoseconds::max();
-  return std::chrono::nanoseconds(static_cast<int64_t>(*seconds * 1e9));
-}
-
-// The per-wait check of every group wait. Empty until the shared Ctrl-C hook
-// (bindings.h) lands on main; then this is the one line to change.
-sync::WaitHook group_wait_hook() { return {}; }
 
 // A real test that a futex sleeper in one process is woken from another (the
 // group's waits depend on it): a fork()ed child sleeps on a word in MAP_SHARED
@@ -101,9 +87,9 @@ void bind_group(py::module_& module) {
                          "Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).")
       .def_static(
           "join",
-          [](const std::string& name, int rank, int world_size, std::optional<double> timeout) {
-            const auto limit = group_timeout(timeout, "LocalGroup.join");
-            const auto hook = group_wait_hook();
+          [](const std::string& name, int rank, int world_size, const py::handle& timeout) {
+            const auto limit = wait_timeout(timeout, "LocalGroup.join");
+            const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
             return LocalGroup::join(name, rank, world_size, limit, hook);
           },
@@ -117,18 +103,18 @@ void bind_group(py::module_& module) {
       .def_property_readonly("closed", &LocalGroup::closed)
       .def(
           "barrier",
-          [](LocalGroup& self, std::optional<double> timeout) {
-            const auto limit = group_timeout(timeout, "LocalGroup.barrier");
-            const auto hook = group_wait_hook();
+          [](LocalGroup& self, const py::handle& timeout) {
+            const auto limit = wait_timeout(timeout, "LocalGroup.barrier");
+            const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
             self.barrier(limit, hook);
           },
           py::arg("timeout") = py::none())
       .def(
           "all_gather_bytes",
-          [](LocalGroup& self, const py::bytes& data, std::optional<double> timeout) {
-            const auto limit = group_timeout(timeout, "LocalGroup.all_gather_bytes");
-            const auto hook = group_wait_hook();
+          [](LocalGroup& self, const py::bytes& data, const py::handle& timeout) {
+            const auto limit = wait_timeout(timeout, "LocalGroup.all_gather_bytes");
+            const sync::WaitHook hook = python_signal_check();
             // bytes are immutable and `data` keeps them alive: readable without the GIL.
             const std::string_view mine(PyBytes_AS_STRING(data.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(data.ptr())));
             std::vector<std::string> gathered;

@@ -9,13 +9,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/fd.h"
-#include "tensorxfer/sync/peer_liveness.h"
 
 namespace tensorxfer::group {
 namespace {
@@ -63,25 +63,20 @@ FileDescriptor open_unnamed_file(std::string& temporary_path) {
 
 }  // namespace
 
-bool member_process_alive(int32_t pid, uint64_t start_ticks) noexcept {
-  if (pid <= 0) return false;
-  if (start_ticks == 0) return sync::identity_of(pid).pid != 0;
-  sync::ProcessIdentity identity;
-  identity.pid = pid;
-  identity.start_ticks = start_ticks;
-  return sync::is_alive(identity);
-}
-
-GroupSegment::GroupSegment(std::string path, std::byte* base, std::size_t nbytes, int world_size,
+GroupSegment::GroupSegment(std::string path, FileDescriptor fd, std::byte* base, std::size_t nbytes, int world_size,
                            uint64_t mailbox_nbytes)
     : path_(std::move(path)),
+      fd_(std::move(fd)),
       base_(base),
       nbytes_(nbytes),
       world_size_(world_size),
       mailbox_nbytes_(mailbox_nbytes),
       mapped_by_(::getpid()) {}
 
-GroupSegment::~GroupSegment() { ::munmap(base_, nbytes_); }
+GroupSegment::~GroupSegment() {
+  member_lock_.release();
+  ::munmap(base_, nbytes_);
+}
 
 std::unique_ptr<GroupSegment> GroupSegment::open_existing(const std::string& group_name) {
   const std::string path = kShmDirectory + group_segment_name(group_name);
@@ -116,8 +111,8 @@ std::unique_ptr<GroupSegment> GroupSegment::open_path(const std::string& path, c
                      "' (a segment-name collision); choose another name");
   }
   std::byte* base = map_shared(fd.get(), file_nbytes, path);
-  return std::unique_ptr<GroupSegment>(new GroupSegment(path, base, file_nbytes, static_cast<int>(header.world_size),
-                                                        header.mailbox_nbytes));
+  return std::unique_ptr<GroupSegment>(new GroupSegment(path, std::move(fd), base, file_nbytes,
+                                                        static_cast<int>(header.world_size), header.mailbox_nbytes));
 }
 
 std::size_t GroupSegment::sweep_dead_groups() noexcept {
@@ -150,7 +145,7 @@ std::unique_ptr<GroupSegment> GroupSegment::create_with_member(const std::string
   const std::string path = kShmDirectory + group_segment_name(group_name);
   const GroupHeader header = make_group_header(group_name, world_size, mailbox_nbytes);
   const auto nbytes = static_cast<std::size_t>(header.total_nbytes);
-  const sync::ProcessIdentity self = sync::current_process_identity();
+  const auto self = static_cast<int32_t>(::getpid());
 
   std::string temporary_path;
   FileDescriptor fd = open_unnamed_file(temporary_path);
@@ -168,17 +163,18 @@ std::unique_ptr<GroupSegment> GroupSegment::create_with_member(const std::string
   if (reserve_error != 0 && reserve_error != EOPNOTSUPP && reserve_error != EINVAL) {
     throw SystemError("posix_fallocate(" + path + ", " + std::to_string(nbytes) + " bytes)", reserve_error);
   }
-  std::unique_ptr<GroupSegment> segment(
-      new GroupSegment(path, map_shared(fd.get(), nbytes, path), nbytes, world_size, mailbox_nbytes));
+  std::byte* base = map_shared(fd.get(), nbytes, path);
+  const int raw_fd = fd.get();
+  std::unique_ptr<GroupSegment> segment(new GroupSegment(path, std::move(fd), base, nbytes, world_size, mailbox_nbytes));
   // Nobody else can see the file yet: plain initialisation, published by link() below.
   std::memcpy(segment->base_, &header, sizeof(header));
-  RankSlot& mine = segment->slot(rank);
-  mine.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
-  mine.claim.store(encode_claim(MemberState::kJoined, self.pid), std::memory_order_relaxed);
+  std::optional<sync::LivenessLock> lock = sync::LivenessLock::try_hold(raw_fd, static_cast<uint32_t>(rank));
+  if (!lock) throw SystemError("LocalGroup: the liveness lock of a new, private segment is taken", EBUSY);
+  segment->member_lock_ = std::move(*lock);
+  segment->slot(rank).claim.store(encode_claim(MemberState::kJoined, self), std::memory_order_relaxed);
   segment->control().joined_count.store(1, std::memory_order_relaxed);
 
-  const std::string source =
-      temporary_path.empty() ? "/proc/self/fd/" + std::to_string(fd.get()) : temporary_path;
+  const std::string source = temporary_path.empty() ? "/proc/self/fd/" + std::to_string(raw_fd) : temporary_path;
   const int flags = temporary_path.empty() ? AT_SYMLINK_FOLLOW : 0;
   if (::linkat(AT_FDCWD, source.c_str(), AT_FDCWD, path.c_str(), flags) != 0) {
     if (errno == EEXIST) return nullptr;
@@ -208,17 +204,20 @@ Claim GroupSegment::claim_of(int rank) const {
   return decode_claim(slot(rank).claim.load(std::memory_order_acquire), rank, path_);
 }
 
-bool GroupSegment::member_alive(int rank) const noexcept {
-  try {
-    const Claim claim = claim_of(rank);
-    if (claim.state != MemberState::kClaimed && claim.state != MemberState::kJoined) return false;
-    // relaxed: ordered after the claim's acquire load above.
-    const uint64_t start = claim.state == MemberState::kJoined ? slot(rank).start_ticks.load(std::memory_order_relaxed)
-                                                                : 0;
-    return member_process_alive(claim.pid, start);
-  } catch (...) {
-    return false;
+GroupSegment::MemberStatus GroupSegment::status_of(int rank) const {
+  const Claim claim = claim_of(rank);
+  switch (claim.state) {
+    case MemberState::kFree: return MemberStatus::kFree;
+    case MemberState::kLeft: return MemberStatus::kLeft;
+    default: break;
   }
+  if (sync::liveness_held(fd_.get(), static_cast<uint32_t>(rank))) return MemberStatus::kAlive;
+  // A leaver marks kLeft before dropping its lock: look again so a close is not taken for an exit.
+  const Claim again = claim_of(rank);
+  if (again.state == MemberState::kLeft) return MemberStatus::kLeft;
+  if (again.state == MemberState::kFree) return MemberStatus::kFree;  // a withdrawn claim
+  if (again.pid != claim.pid) return status_of(rank);                  // withdrawn and claimed anew
+  return MemberStatus::kExited;
 }
 
 std::string GroupSegment::describe_member(int rank) const {
@@ -230,27 +229,29 @@ std::string GroupSegment::describe_member(int rank) const {
 GroupSegment::Survey GroupSegment::survey() const {
   Survey result;
   for (int rank = 0; rank < world_size_; ++rank) {
-    const Claim claim = claim_of(rank);
-    switch (claim.state) {
-      case MemberState::kFree: result.free.push_back(rank); break;
-      case MemberState::kLeft: result.left.push_back(rank); break;
-      default:
-        if (member_alive(rank)) {
-          ++result.live;
-        } else {
-          result.dead.push_back(rank);
-        }
+    switch (status_of(rank)) {
+      case MemberStatus::kFree: result.free.push_back(rank); break;
+      case MemberStatus::kLeft: result.left.push_back(rank); break;
+      case MemberStatus::kExited: result.dead.push_back(rank); break;
+      case MemberStatus::kAlive: ++result.live; break;
     }
   }
   return result;
 }
 
-bool GroupSegment::try_claim(int rank) {
+GroupSegment::ClaimResult GroupSegment::try_claim(int rank) {
+  // The lock first: a claim is never visible without a live holder behind it.
+  std::optional<sync::LivenessLock> lock = sync::LivenessLock::try_hold(fd_.get(), static_cast<uint32_t>(rank));
+  if (!lock) return ClaimResult::kTakenByLiveProcess;
   uint64_t expected = 0;
   // seq_cst: the claim must be visible to a condemner before we read the group
   // state in condemned() (store-load ordering, see the header).
-  return slot(rank).claim.compare_exchange(expected, encode_claim(MemberState::kClaimed, ::getpid()),
-                                           std::memory_order_seq_cst);
+  if (!slot(rank).claim.compare_exchange(expected, encode_claim(MemberState::kClaimed, ::getpid()),
+                                         std::memory_order_seq_cst)) {
+    return ClaimResult::kRetry;  // a dead member's slot: the caller looks at the group again
+  }
+  member_lock_ = std::move(*lock);
+  return ClaimResult::kClaimed;
 }
 
 bool GroupSegment::condemned() const noexcept {
@@ -261,16 +262,13 @@ bool GroupSegment::condemned() const noexcept {
 void GroupSegment::withdraw_claim(int rank) noexcept {
   // release: nothing was published under the claim; orders the withdrawal after it.
   slot(rank).claim.store(0, std::memory_order_release);
+  member_lock_.release();
   control().membership.notify_all();
 }
 
 void GroupSegment::complete_join(int rank) {
-  const sync::ProcessIdentity self = sync::current_process_identity();
-  RankSlot& mine = slot(rank);
-  // relaxed: published by the release store of the claim below.
-  mine.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
-  // release: readers that see kJoined also see start_ticks.
-  mine.claim.store(encode_claim(MemberState::kJoined, self.pid), std::memory_order_release);
+  // release: our earlier writes (none needed today) are visible with the joined claim.
+  slot(rank).claim.store(encode_claim(MemberState::kJoined, ::getpid()), std::memory_order_release);
   // acq_rel: the count is what join waits for; our joined claim happens-before it.
   control().joined_count.fetch_add(1, std::memory_order_acq_rel);
   control().membership.notify_all();
@@ -281,31 +279,36 @@ void GroupSegment::mark_left(int rank) noexcept {
   // barrier epoch and mailbox writes happen-before it (peers that see kLeft
   // re-check their barrier before calling us lost).
   slot(rank).claim.store(encode_claim(MemberState::kLeft, ::getpid()), std::memory_order_seq_cst);
+  member_lock_.release();
   control().membership.notify_all();
   control().arrivals.notify_all();
+}
+
+bool GroupSegment::name_refers_to_this_file() const noexcept {
+  struct stat mine {};
+  struct stat named {};
+  return ::fstat(fd_.get(), &mine) == 0 && ::stat(path_.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
+         mine.st_ino == named.st_ino;
 }
 
 bool GroupSegment::unlink_if_unused() noexcept {
   try {
     if (survey().live > 0) return false;
-    const auto self = static_cast<uint32_t>(::getpid());
-    uint32_t expected = kGroupOpen;
-    // seq_cst: see the header; only the winner of this exchange may unlink.
-    if (!control().state.compare_exchange(expected, self, std::memory_order_seq_cst)) {
-      // A condemner that died before unlinking would block the name forever: take over.
-      if (member_process_alive(static_cast<int32_t>(expected), 0)) return false;
-      if (!control().state.compare_exchange(expected, self, std::memory_order_seq_cst)) return false;
-    }
+    const std::optional<sync::LivenessLock> condemner = sync::LivenessLock::try_hold(fd_.get(), kCondemnerParticipant);
+    if (!condemner) return false;  // someone else is removing it right now
+    // seq_cst: see the header (a joiner's claim vs our survey below).
+    control().state.store(kGroupCondemned, std::memory_order_seq_cst);
     if (survey().live > 0) {
-      // A joiner claimed a slot meanwhile: it keeps the segment.
-      control().state.store(kGroupOpen, std::memory_order_seq_cst);
+      control().state.store(kGroupOpen, std::memory_order_seq_cst);  // a joiner keeps the segment
       return false;
     }
+    // An earlier condemner may have unlinked it already (and a new group taken the name).
+    if (!name_refers_to_this_file()) return false;
+    ::unlink(path_.c_str());
+    return true;
   } catch (...) {
-    return false;  // corrupt slots: leave the name for a joiner to report
+    return false;  // corrupt slots or no answer from the kernel: leave the name for a joiner to report
   }
-  ::unlink(path_.c_str());
-  return true;
 }
 
 }  // namespace tensorxfer::group

@@ -85,10 +85,16 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
     next = Attempt::kRetryLater;
     return nullptr;
   }
-  const Claim taken = existing->claim_of(rank);
-  TENSORXFER_CHECK(InvalidArgument, taken.state == MemberState::kFree, "LocalGroup::join(", quoted(name), "): rank ",
-                   rank, " is already taken by live process pid ", taken.pid);
-  if (!existing->try_claim(rank)) return nullptr;
+  const auto refuse_taken = [&] {
+    throw InvalidArgument("LocalGroup::join(" + quoted(name) + "): rank " + std::to_string(rank) +
+                          " is already taken by a live process (" + existing->describe_member(rank) + ")");
+  };
+  if (existing->claim_of(rank).state != MemberState::kFree) refuse_taken();
+  switch (existing->try_claim(rank)) {
+    case GroupSegment::ClaimResult::kTakenByLiveProcess: refuse_taken(); break;
+    case GroupSegment::ClaimResult::kRetry: return nullptr;
+    case GroupSegment::ClaimResult::kClaimed: break;
+  }
   if (existing->condemned()) {
     existing->withdraw_claim(rank);
     waiting = "the previous group segment was being removed";
@@ -140,12 +146,17 @@ std::unique_ptr<LocalGroup> LocalGroup::join(const std::string& name, int rank, 
 
   std::unique_ptr<GroupSegment> segment;
   std::string waiting = "the group segment could not be entered";
+  auto last_hook = sync::WaitClock::now();
   for (int attempt = 0;; ++attempt) {
     Attempt next = Attempt::kRetryNow;
     segment = try_enter(name, rank, world_size, next, waiting);
     if (segment) break;
-    if (hook) hook();
-    if (sync::WaitClock::now() >= deadline) {
+    const auto now = sync::WaitClock::now();
+    if (hook && now - last_hook >= sync::kWatchSlice) {
+      hook();
+      last_hook = now;
+    }
+    if (now >= deadline) {
       throw Timeout("LocalGroup::join(" + quoted(name) + "): could not enter the group within " +
                     seconds_text(timeout) + ": " + waiting);
     }
@@ -176,7 +187,14 @@ void LocalGroup::require_open(const char* operation) const {
 bool LocalGroup::rank_alive(int rank) const noexcept {
   if (segment_ == nullptr || rank < 0 || rank >= world_size_) return false;
   if (rank == rank_) return true;
-  return segment_->member_alive(rank);
+  try {
+    const auto status = segment_->status_of(rank);
+    return status == GroupSegment::MemberStatus::kAlive;
+  } catch (const CorruptSegment&) {
+    return false;
+  } catch (...) {
+    return true;  // the kernel could not answer: never call a live peer dead
+  }
 }
 
 void LocalGroup::check_peers() const {
@@ -184,7 +202,7 @@ void LocalGroup::check_peers() const {
   // An exit is reported before a close: peers that saw the exit close in turn.
   check_exited_peers();
   for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->claim_of(peer).state == MemberState::kLeft) {
+    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
       throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
     }
   }
@@ -192,9 +210,7 @@ void LocalGroup::check_peers() const {
 
 void LocalGroup::check_exited_peers() const {
   for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer == rank_) continue;
-    const MemberState state = segment_->claim_of(peer).state;
-    if ((state == MemberState::kClaimed || state == MemberState::kJoined) && !segment_->member_alive(peer)) {
+    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kExited) {
       throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " exited");
     }
   }

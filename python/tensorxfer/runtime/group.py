@@ -58,17 +58,6 @@ def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> i
     return value
 
 
-def _check_timeout(timeout: Any) -> Optional[float]:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be None or a number of seconds, got {type(timeout).__name__}")
-    seconds = float(timeout)
-    if not seconds >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    return seconds
-
-
 def _check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -136,7 +125,7 @@ class LocalGroup(SharedResource):
         name = _check_name(name)
         world_size = _check_int(world_size, "world_size", 1, _core.LocalGroup.max_world_size + 1)
         rank = _check_int(rank, "rank", 0, world_size)
-        return cls(_core.LocalGroup.join(name, rank, world_size, _check_timeout(timeout)))
+        return cls(_core.LocalGroup.join(name, rank, world_size, timeout))
 
     @classmethod
     def from_handle(cls, handle: GroupHandle, *, rank: int, timeout: Optional[float] = None) -> "LocalGroup":
@@ -227,7 +216,7 @@ class LocalGroup(SharedResource):
         group cannot be used for further collectives: close it.
         """
         self._ensure_open()
-        self._native.barrier(_check_timeout(timeout))
+        self._native.barrier(timeout)
 
     def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None) -> List[bytes]:
         """Every rank's ``data`` in rank order (own included); sizes may differ between ranks.
@@ -241,7 +230,7 @@ class LocalGroup(SharedResource):
             if not isinstance(data, (bytearray, memoryview)):
                 raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}")
             data = bytes(data)
-        return self._native.all_gather_bytes(data, _check_timeout(timeout))
+        return self._native.all_gather_bytes(data, timeout)
 
     # ---- liveness --------------------------------------------------------------
 

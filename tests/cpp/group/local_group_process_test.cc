@@ -81,6 +81,33 @@ TEST(LocalGroupProcessTest, EverySurvivorOfAKilledRankGetsPeerLostNamingItWithin
   EXPECT_FALSE(path_exists(group_path(name))) << "the last live member must unlink";
 }
 
+TEST(LocalGroupProcessTest, AMemberInAnotherPidNamespaceIsAliveUntilItExits) {
+  // As in two containers of one pod: the peer's pid means nothing here (it
+  // calls itself pid 1, which is some other live process in our namespace).
+  const std::string name = unique_group_name("pidns");
+  const auto child = testing::fork_in_new_pid_namespace([&] {
+    auto group = LocalGroup::join(name, 1, 2, 10s);
+    group->barrier(10s);
+    ::_exit(group->rank_alive(0) ? 0 : 4);  // no close(): the kernel drops its liveness lock
+    return 0;
+  });
+  if (!child.skip_reason.empty()) GTEST_SKIP() << child.skip_reason;
+  auto group = LocalGroup::join(name, 0, 2, 10s);
+  EXPECT_TRUE(group->rank_alive(1));
+  group->barrier(10s);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    group->barrier(10s);
+    FAIL() << "expected PeerLost";
+  } catch (const PeerLost& error) {
+    EXPECT_TRUE(contains(error.what(), "rank 1 (pid 1) exited")) << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(wait_exit_code(child.outer), 0);
+  group->close();
+  EXPECT_FALSE(path_exists(group_path(name)));
+}
+
 TEST(LocalGroupProcessTest, ADeadJobsSegmentIsReplacedEvenWithAnotherWorldSize) {
   const std::string name = unique_group_name("stale");
   const pid_t dead = fork_child([&] {

@@ -71,9 +71,9 @@ def test_arguments_are_checked_naming_the_argument():
         LocalGroup.join("x", rank=2, world_size=2)
     with pytest.raises(ValueError, match=r"world_size must be in \[1, 1025\), got 0"):
         LocalGroup.join("x", rank=0, world_size=0)
-    with pytest.raises(TypeError, match="timeout must be None or a number"):
+    with pytest.raises(TypeError, match="LocalGroup.join: timeout must be None"):
         LocalGroup.join("x", rank=0, world_size=1, timeout="1")
-    with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0"):
+    with pytest.raises(ValueError, match=r"LocalGroup.join: timeout must be None \(no deadline\) or a number of seconds >= 0"):
         LocalGroup.join("x", rank=0, world_size=1, timeout=-1)
     with pytest.raises(TypeError, match="handle must be a GroupHandle"):
         LocalGroup.from_handle(("x", 1), rank=0)

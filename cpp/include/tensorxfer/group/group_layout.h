@@ -42,10 +42,9 @@ static_assert(sizeof(GroupHeader) == 248, "no padding: every byte is part of the
 
 // Segment-wide state. Line 1 changes on membership events, line 2 on every barrier arrival.
 struct alignas(64) GroupControl {
-  // kGroupOpen (0), or the pid of the one process that condemned the segment
-  // and is about to unlink it (a dead condemner is taken over).
-  // Written: compare-exchange by a leaver or a joiner replacing a dead group
-  // (seq_cst, see group_segment.h). Read: joiners after claiming a slot.
+  // kGroupOpen (0) or kGroupCondemned. Written: only by the holder of the
+  // condemner liveness lock (participant kCondemnerParticipant), seq_cst, see
+  // group_segment.h. Read: joiners after claiming a slot (seq_cst).
   sync::SharedWord32 state;
   // Ranks that finished joining; only grows. Written: each joiner once
   // (acq_rel fetch_add). Read: join's wait for all ranks (acquire).
@@ -59,19 +58,22 @@ struct alignas(64) GroupControl {
 };
 static_assert(std::is_trivially_copyable_v<GroupControl> && sizeof(GroupControl) == 128);
 inline constexpr uint32_t kGroupOpen = 0;
+inline constexpr uint32_t kGroupCondemned = 1;
+
+// Liveness (sync/liveness_lock.h) on the segment file: rank r holds
+// participant r while a member; whoever removes the segment holds this one.
+inline constexpr uint32_t kCondemnerParticipant = static_cast<uint32_t>(kGroupMaxWorldSize);
 
 // One rank's place. Line 1 is written only by that rank's process (claim,
 // join, leave) and read by everyone; line 2 likewise for the barrier epoch.
 struct alignas(64) RankSlot {
-  // 0 = free; else (MemberState << 32) | pid. Written: compare-exchange 0 ->
-  // kClaimed (seq_cst), then kJoined (release), then kLeft (seq_cst), or
-  // back to 0 when a claim is withdrawn. Read: everyone (acquire / seq_cst).
+  // 0 = free; else (MemberState << 32) | pid (the pid for messages only:
+  // liveness is the rank's lock). Written: compare-exchange 0 -> kClaimed
+  // (seq_cst, with the rank's liveness lock already held), then kJoined
+  // (release), then kLeft (seq_cst), or back to 0 when a claim is withdrawn.
+  // Read: everyone (acquire / seq_cst).
   sync::SharedWord64 claim;
-  // The member process's start time (/proc/<pid>/stat field 22), so a reused
-  // pid is not taken for the member. Written by the member before kJoined
-  // (relaxed; published by that release store); 0 while only claimed.
-  sync::SharedWord64 start_ticks;
-  uint8_t pad_claim[48];
+  uint8_t pad_claim[56];
   // Barriers this rank has entered; only grows by 1 per barrier, never wraps.
   // Written: the rank (release, after its mailbox writes). Read: every
   // waiter (acquire, before reading that rank's mailbox).

@@ -8,12 +8,18 @@
 // the name exists, so the name only ever shows a complete, valid segment with
 // at least one member.
 //
-// Removal: only the process that moves GroupControl::state from kOpen to
-// kCondemned unlinks, and only after re-checking that no member is live; a
-// joiner claims its slot first and then checks the state (both seq_cst), so
-// either the condemner sees the claim (and reopens the segment) or the joiner
-// sees kCondemned (and withdraws). A name is therefore unlinked at most once,
-// while it still names this segment.
+// Liveness: rank r holds the liveness lock of participant r on the segment
+// file (sync/liveness_lock.h) from before it claims its slot until it leaves;
+// the kernel drops it when the process dies, whatever its PID namespace. A
+// claimed or joined slot whose lock is not held belongs to an exited process.
+//
+// Removal: only the holder of the condemner lock (kCondemnerParticipant) sets
+// GroupControl::state to kCondemned, and unlinks only after re-checking that
+// no member is live and that the name still refers to this file; a joiner
+// claims its slot first and then checks the state (both seq_cst), so either
+// the condemner sees the claim (and reopens the segment) or the joiner sees
+// kCondemned (and withdraws). Only this file's condemners unlink its name, one
+// at a time, so the name is never removed once it names a newer segment.
 #pragma once
 
 #include <sys/types.h>
@@ -24,14 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "tensorxfer/common/fd.h"
 #include "tensorxfer/group/group_layout.h"
+#include "tensorxfer/sync/liveness_lock.h"
 
 namespace tensorxfer::group {
-
-// Whether a member process still lives: the one place that decides it, so the
-// container-safe liveness primitive replaces this body only. start_ticks == 0:
-// only the pid is known (a claim being completed).
-bool member_process_alive(int32_t pid, uint64_t start_ticks) noexcept;
 
 class GroupSegment {
  public:
@@ -70,8 +73,12 @@ class GroupSegment {
 
   // The validated claim of `rank` (acquire). Throws CorruptSegment.
   Claim claim_of(int rank) const;
-  // Claimed or joined, and its process alive. Never throws (corrupt -> false).
-  bool member_alive(int rank) const noexcept;
+
+  enum class MemberStatus { kFree, kAlive, kExited, kLeft };
+  // Where `rank` stands now. kExited: claimed or joined, but its liveness lock
+  // is free (the process died). Throws CorruptSegment, or SystemError when the
+  // kernel cannot answer (an unknown is never reported as kExited).
+  MemberStatus status_of(int rank) const;
   // "rank 2 (pid 1234)".
   std::string describe_member(int rank) const;
 
@@ -84,10 +91,12 @@ class GroupSegment {
   Survey survey() const;
 
   // Membership of the calling process (see the protocol above).
-  [[nodiscard]] bool try_claim(int rank);  // false: the rank is taken
+  enum class ClaimResult { kClaimed, kTakenByLiveProcess, kRetry };
+  [[nodiscard]] ClaimResult try_claim(int rank);
   bool condemned() const noexcept;
   void withdraw_claim(int rank) noexcept;
   void complete_join(int rank);
+  // Marks the rank gone, then drops its liveness lock.
   void mark_left(int rank) noexcept;
   // Unlinks the name when no member is live and nobody else is condemning;
   // true when this call unlinked it. Never throws.
@@ -97,14 +106,19 @@ class GroupSegment {
   // open_existing for a path; `group_name` (when not null) must match the header's.
   static std::unique_ptr<GroupSegment> open_path(const std::string& path, const std::string* group_name,
                                                  const std::string& context);
-  GroupSegment(std::string path, std::byte* base, std::size_t nbytes, int world_size, uint64_t mailbox_nbytes);
+  GroupSegment(std::string path, FileDescriptor fd, std::byte* base, std::size_t nbytes, int world_size,
+               uint64_t mailbox_nbytes);
+  // True while the name at path_ refers to this segment's file.
+  bool name_refers_to_this_file() const noexcept;
 
   std::string path_;
+  FileDescriptor fd_;  // kept open: liveness locks are asked through it
   std::byte* base_;
   std::size_t nbytes_;
   int world_size_;
   uint64_t mailbox_nbytes_;
   pid_t mapped_by_;
+  sync::LivenessLock member_lock_;  // this process's rank, while it is a member
 };
 
 }  // namespace tensorxfer::group
