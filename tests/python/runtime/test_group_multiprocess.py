@@ -261,3 +261,37 @@ def test_from_mpi_under_mpirun(tmp_path):
                                text=True, timeout=110)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert sorted(line for line in completed.stdout.splitlines() if line.startswith("ok")) == ["ok 0", "ok 1", "ok 2"]
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from tensorxfer.runtime import LocalGroup
+    print("joining", flush=True)
+    try:
+        LocalGroup.join(sys.argv[1], rank=0, world_size=2, timeout=None)  # rank 1 never comes
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    """
+)
+
+
+def test_ctrl_c_ends_a_join_without_timeout(tmp_path):
+    name = unique_name("ctrlc")
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT)
+    child = subprocess.Popen([sys.executable, str(script), name], stdout=subprocess.PIPE, text=True,
+                             env=os.environ.copy())
+    try:
+        assert child.stdout.readline().strip() == "joining"
+        wait_until(lambda: any(name.replace("-", "_") in f for f in os.listdir("/dev/shm")))
+        start = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=30)
+        assert time.monotonic() - start < 5.0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0
+    assert out.strip() == "interrupted"
