@@ -48,6 +48,29 @@ def gather_worker(handle, rank: int, calls: int, results) -> None:
         results.put((rank, ok))
 
 
+def jitter_worker(handle, rank: int, iterations: int, seed: int, results) -> None:
+    """Back-to-back gathers and barriers with random pauses; reports the first mismatch."""
+    import random
+
+    chooser = random.Random(seed * 1000 + rank)
+    with LocalGroup.from_handle(handle, rank=rank, timeout=60) as group:
+        for iteration in range(iterations):
+            if chooser.random() < 0.1:
+                time.sleep(chooser.random() * 0.002)
+            if iteration % 3 == 0:
+                group.barrier(timeout=60)
+                continue
+            size = (iteration * 977 + rank * 13) % (3 * 65536 if iteration % 50 == 1 else 300)
+            mine = bytes([(iteration + rank) % 256]) * size
+            gathered = group.all_gather_bytes(mine, timeout=60)
+            for peer, theirs in enumerate(gathered):
+                peer_size = (iteration * 977 + peer * 13) % (3 * 65536 if iteration % 50 == 1 else 300)
+                if theirs != bytes([(iteration + peer) % 256]) * peer_size:
+                    results.put((rank, f"iteration {iteration}: rank {peer}'s bytes differ"))
+                    return
+        results.put((rank, "ok"))
+
+
 def join_and_wait(name: str, rank: int, world_size: int, joined) -> None:
     """Joins, says so, then waits (in a barrier) until killed or the group breaks."""
     group = LocalGroup.join(name, rank=rank, world_size=world_size, timeout=60)
@@ -84,7 +107,18 @@ def torch_worker(init_file: str, rank: int, world_size: int, results) -> None:
         with LocalGroup.from_torch(timeout=60) as group:
             gathered = group.all_gather_bytes(f"rank{group.rank}".encode(), timeout=60)
             group.barrier(timeout=60)
-            results.put((rank, group.rank, group.world_size, gathered))
+        # A subgroup of global ranks 0 and 2: group ranks 0 and 1, its own segment.
+        subgroup = dist.new_group([0, 2])
+        if rank == 1:
+            try:
+                LocalGroup.from_torch(subgroup, timeout=60)
+                sub = "not refused"
+            except ValueError as error:
+                sub = str(error)
+        else:
+            with LocalGroup.from_torch(subgroup, timeout=60) as part:
+                sub = (part.rank, part.world_size, part.all_gather_bytes(b"%d" % rank, timeout=60))
+        results.put((rank, group.rank, group.world_size, gathered, sub))
     finally:
         dist.destroy_process_group()
 
@@ -152,6 +186,19 @@ def test_spawned_ranks_join_barrier_and_gather(world_size):
         reports = dict(results.get(timeout=60) for _ in range(world_size - 1))
         children.join_all()
     assert reports == {rank: True for rank in range(1, world_size)}
+
+
+@pytest.mark.parametrize("iterations", [300, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_back_to_back_collectives_with_random_delays(iterations):
+    world_size = 4
+    handle = tensorxfer.runtime.GroupHandle(unique_name("jitter"), world_size)
+    with Children() as children:
+        results = children.context.Queue()
+        for rank in range(world_size):
+            children.start(jitter_worker, handle, rank, iterations, 7, results)
+        reports = dict(results.get(timeout=300) for _ in range(world_size))
+        children.join_all()
+    assert reports == {rank: "ok" for rank in range(world_size)}
 
 
 def test_a_killed_jobs_segment_is_replaced_by_the_next_join():
@@ -228,7 +275,9 @@ def test_from_torch_with_gloo(tmp_path):
         reports = sorted(results.get(timeout=90) for _ in range(world_size))
         children.join_all()
     expected = [f"rank{rank}".encode() for rank in range(world_size)]
-    assert reports == [(rank, rank, world_size, expected) for rank in range(world_size)]
+    subgroup = {0: (0, 2, [b"0", b"2"]), 1: "LocalGroup.from_torch: this process is not a member of process_group",
+                2: (1, 2, [b"0", b"2"])}
+    assert reports == [(rank, rank, world_size, expected, subgroup[rank]) for rank in range(world_size)]
 
 
 MPI_SCRIPT = textwrap.dedent(
