@@ -87,7 +87,7 @@ void bind_group(py::module_& module) {
                          "Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).")
       .def_static(
           "join",
-          [](const std::string& name, int rank, int world_size, const py::handle& timeout) {
+          [](const std::string& name, int rank, int world_size, const PyTimeout& timeout) {
             const auto limit = wait_timeout(timeout, "LocalGroup.join");
             const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
@@ -103,7 +103,7 @@ void bind_group(py::module_& module) {
       .def_property_readonly("closed", &LocalGroup::closed)
       .def(
           "barrier",
-          [](LocalGroup& self, const py::handle& timeout) {
+          [](LocalGroup& self, const PyTimeout& timeout) {
             const auto limit = wait_timeout(timeout, "LocalGroup.barrier");
             const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
@@ -112,7 +112,7 @@ void bind_group(py::module_& module) {
           py::arg("timeout") = py::none())
       .def(
           "all_gather_bytes",
-          [](LocalGroup& self, const py::bytes& data, const py::handle& timeout) {
+          [](LocalGroup& self, const py::bytes& data, const PyTimeout& timeout) {
             const auto limit = wait_timeout(timeout, "LocalGroup.all_gather_bytes");
             const sync::WaitHook hook = python_signal_check();
             // bytes are immutable and `data` keeps them alive: readable without the GIL.

@@ -15,7 +15,10 @@
   :class:`GroupHandle` lets spawned workers join.
 
 The first three are native (``tensorxfer._core``) and release the GIL while
-they copy or wait; LocalGroup's waits release it too.
+they copy or wait; LocalGroup's waits release it too.  ``timeout`` follows the
+package rules (:mod:`tensorxfer.errors`): seconds, ``0`` to check once, ``None``
+(the default) for no deadline; Ctrl-C interrupts any wait with
+``KeyboardInterrupt`` (the stream and event stay usable).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
