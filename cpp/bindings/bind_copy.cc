@@ -1,13 +1,19 @@
-// tensorxfer._core.CopyEngine, PackLayout and pack_rows.
+// tensorxfer._core.CopyEngine, PackLayout and pack_rows; span copies
+// (pack_spans / unpack_spans / copy_spans) for the copy services.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "bindings.h"
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
 #include "tensorxfer/copy/pack.h"
+#include "tensorxfer/copy/span_pack.h"
 
 namespace tensorxfer::bindings {
 namespace {
@@ -30,9 +36,80 @@ PackLayout make_layout(const std::vector<FieldTuple>& fields, int64_t rows) {
   return PackLayout(std::move(specs), rows);
 }
 
+// ---- span copies (copy services) --------------------------------------------
+
+using AddressArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<std::size_t> span_sizes(const AddressArray& nbytes, std::size_t count, const char* argument) {
+  TENSORXFER_CHECK(InvalidArgument, nbytes.ndim() == 1 && static_cast<std::size_t>(nbytes.size()) == count,
+                   argument, ": expected ", count, " sizes (one per address), got ", nbytes.size());
+  const uint64_t* data = nbytes.data();
+  return std::vector<std::size_t>(data, data + count);
+}
+
+template <typename Pointer>
+std::vector<Pointer> span_addresses(const AddressArray& addresses, const char* argument) {
+  TENSORXFER_CHECK(InvalidArgument, addresses.ndim() == 1, argument, ": expected a 1-D array of addresses, got ",
+                   addresses.ndim(), " dimensions");
+  std::vector<Pointer> result(static_cast<std::size_t>(addresses.size()));
+  const uint64_t* data = addresses.data();
+  for (std::size_t i = 0; i < result.size(); ++i) {
+    result[i] = reinterpret_cast<Pointer>(static_cast<std::uintptr_t>(data[i]));
+  }
+  return result;
+}
+
+void bind_span_copies(py::module_& module) {
+  module.def(
+      "pack_spans",
+      [](const py::handle& dst, const AddressArray& addresses, const AddressArray& nbytes, CopyEngine* engine) {
+        const PyTensorView out = view_argument(dst, "dst");
+        require_contiguous_host(out.view, "dst");
+        require_writable(out.view, "dst");
+        const auto sources = span_addresses<const void*>(addresses, "addresses");
+        const auto sizes = span_sizes(nbytes, sources.size(), "nbytes");
+        py::gil_scoped_release release;
+        copy::pack_spans(out.view.data, out.view.nbytes(), sources, sizes, engine);
+      },
+      py::arg("dst"), py::arg("addresses"), py::arg("nbytes"), py::arg("engine") = nullptr,
+      "Copies the host spans (addresses[i], nbytes[i]) back to back into dst (GIL released). The "
+      "caller keeps every span's memory alive. Private to tensorxfer.resharding.copy_services.");
+  module.def(
+      "unpack_spans",
+      [](const py::handle& src, const AddressArray& addresses, const AddressArray& nbytes, CopyEngine* engine) {
+        const PyTensorView in = view_argument(src, "src");
+        require_contiguous_host(in.view, "src");
+        const auto destinations = span_addresses<void*>(addresses, "addresses");
+        const auto sizes = span_sizes(nbytes, destinations.size(), "nbytes");
+        py::gil_scoped_release release;
+        copy::unpack_spans(in.view.data, in.view.nbytes(), destinations, sizes, engine);
+      },
+      py::arg("src"), py::arg("addresses"), py::arg("nbytes"), py::arg("engine") = nullptr,
+      "Copies src's bytes, back to back, into the host spans (addresses[i], nbytes[i]) (GIL "
+      "released); the inverse of pack_spans. Private to the copy services.");
+  module.def(
+      "copy_spans",
+      [](const AddressArray& dst_addresses, const AddressArray& src_addresses, const AddressArray& nbytes,
+         CopyEngine* engine) {
+        const auto destinations = span_addresses<void*>(dst_addresses, "dst_addresses");
+        const auto sources = span_addresses<const void*>(src_addresses, "src_addresses");
+        TENSORXFER_CHECK_EQ(InvalidArgument, "copy_spans", destinations.size(), sources.size());
+        const auto sizes = span_sizes(nbytes, sources.size(), "nbytes");
+        std::vector<copy::SpanCopy> spans(sizes.size());
+        for (std::size_t i = 0; i < spans.size(); ++i) spans[i] = {destinations[i], sources[i], sizes[i]};
+        py::gil_scoped_release release;
+        copy::copy_spans(spans, engine);
+      },
+      py::arg("dst_addresses"), py::arg("src_addresses"), py::arg("nbytes"), py::arg("engine") = nullptr,
+      "Copies nbytes[i] bytes from src_addresses[i] to dst_addresses[i] for every i (GIL released). "
+      "Private to the copy services.");
+}
+
 }  // namespace
 
 void bind_copy(py::module_& module) {
+  bind_span_copies(module);
+
   py::class_<CopyEngine>(module, "CopyEngine",
                          "Worker threads that split large host copies and row packing with the "
                          "calling thread. Pass one to HostStream / pack_rows; no global engine.")
