@@ -1,0 +1,105 @@
+"""How the copy services see user tensors: as host byte spans, or as objects
+to stage when they are not contiguous (private).
+
+Tensors are numpy arrays or torch tensors; other buffer-protocol / DLPack
+objects are wrapped once at submit time. Every copy moves bytes: a send and
+its receive must agree in byte size, not in dtype or shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class TensorInfo(NamedTuple):
+    """What a run needs to know about one submitted tensor."""
+
+    address: int  # first byte (meaningful when contiguous)
+    nbytes: int
+    contiguous: bool
+    host: bool
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_torch(obj: Any) -> bool:
+    """True for torch tensors (without importing torch)."""
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def normalize(obj: Any, argument: str, writable: bool) -> Any:
+    """``obj`` as a numpy array or torch tensor sharing its memory.
+
+    TypeError naming ``argument`` for objects that are neither, nor buffer /
+    DLPack exporters; ValueError for a read-only destination.
+    """
+    if isinstance(obj, np.ndarray) or is_torch(obj):
+        result = obj
+    else:
+        try:
+            result = np.asarray(memoryview(obj))
+        except TypeError:
+            if not hasattr(obj, "__dlpack__"):
+                raise TypeError(
+                    f"{argument}: expected a numpy array, torch tensor, buffer or DLPack object, "
+                    f"got {type(obj).__name__}"
+                ) from None
+            import torch
+
+            result = torch.from_dlpack(obj)
+    if writable and isinstance(result, np.ndarray) and not result.flags.writeable:
+        raise ValueError(f"{argument}: expected a writable array, got a read-only one of shape {result.shape}")
+    if isinstance(result, np.ndarray) and result.dtype.hasobject:
+        raise TypeError(f"{argument}: arrays of Python objects cannot be copied as bytes (dtype {result.dtype})")
+    return result
+
+
+def describe(obj: Any) -> TensorInfo:
+    """Address, byte size, contiguity and host residence of a normalized tensor."""
+    if isinstance(obj, np.ndarray):
+        return TensorInfo(obj.ctypes.data, obj.nbytes, obj.flags.c_contiguous, True)
+    return TensorInfo(obj.data_ptr(), obj.nbytes, obj.is_contiguous(), obj.device.type == "cpu")
+
+
+def contiguous(obj: Any) -> Any:
+    """A C-contiguous tensor with obj's contents (obj itself when it already is)."""
+    if isinstance(obj, np.ndarray):
+        return np.ascontiguousarray(obj)
+    return obj.contiguous()
+
+
+def empty_like(obj: Any) -> Any:
+    """A new C-contiguous tensor of obj's shape, dtype and device."""
+    if isinstance(obj, np.ndarray):
+        return np.empty(obj.shape, obj.dtype)
+    return _torch().empty(obj.shape, dtype=obj.dtype, device=obj.device)
+
+
+def flat_bytes(obj: Any) -> Any:
+    """A 1-D uint8 view of a contiguous tensor (same library, same memory)."""
+    if isinstance(obj, np.ndarray):
+        return obj.reshape(-1).view(np.uint8)
+    torch = _torch()
+    flat = obj.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def copy_bytes_into(dst: Any, src: Any) -> None:
+    """Copies the bytes of the contiguous tensor ``src`` into ``dst`` (any layout,
+    any device), read as dst's dtype and shape. Byte sizes must be equal."""
+    src_bytes = flat_bytes(src)
+    if isinstance(dst, np.ndarray):
+        if not isinstance(src_bytes, np.ndarray):
+            src_bytes = src_bytes.cpu().numpy()
+        np.copyto(dst, src_bytes.view(dst.dtype).reshape(dst.shape), casting="no")
+        return
+    torch = _torch()
+    if isinstance(src_bytes, np.ndarray):
+        src_bytes = torch.from_numpy(src_bytes)
+    dst.copy_(src_bytes.view(dst.dtype).view(dst.shape))
