@@ -278,7 +278,19 @@ class BatchedCopyService(CopyService):
                 send_addresses[i] = _tensors.describe(send_objects[i]).address
             else:
                 send_addresses[i] = info.address
-        recv_addresses = np.array([info.address for info in recv_info], np.uint64)
+        # Destinations as the transport and the unpacker see them: non-contiguous ones
+        # are received into contiguous staging, copied back after the last window.
+        recv_targets = [op.tensor for op in recv_ops]
+        recv_addresses = np.empty(len(recv_ops), np.uint64)
+        copy_back = []
+        for i, info in enumerate(recv_info):
+            if info.contiguous:
+                recv_addresses[i] = info.address
+            else:
+                staged = _tensors.empty_like(recv_targets[i])
+                copy_back.append((recv_targets[i], staged))
+                recv_targets[i] = staged
+                recv_addresses[i] = _tensors.describe(staged).address
         all_host = all(info.host for info in send_info) and all(info.host for info in recv_info)
 
         for window in plan.windows:
@@ -291,15 +303,8 @@ class BatchedCopyService(CopyService):
                 posted_recvs.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
                 after.append((message, buffer))
             for message in window.recvs_single:
-                target = recv_ops[message.local_index].tensor
-                info = recv_info[message.local_index]
-                if info.contiguous:
-                    address = info.address
-                else:
-                    staged = _tensors.empty_like(target)
-                    after.append((target, staged))
-                    target, address = staged, _tensors.describe(staged).address
-                posted_recvs.append((message.peer, message.tag, target, address, message.nbytes))
+                posted_recvs.append((message.peer, message.tag, recv_targets[message.local_index],
+                                     int(recv_addresses[message.local_index]), message.nbytes))
             for message in window.sends_packed:
                 if message.tag < 0:
                     continue
@@ -318,14 +323,14 @@ class BatchedCopyService(CopyService):
             keep_alive.append(requests)
             peers = sorted({item[0] for item in posted_sends} | {item[0] for item in posted_recvs})
             self._wait(requests, deadline, timeout, "the batch's transfers", peers)
-            for item, buffer in after:
-                if isinstance(item, _planning.PackedMessage):
-                    if all_host:
-                        _core.unpack_spans(buffer, recv_addresses[item.local_indices], item.nbytes, engine)
-                    else:
-                        self._unpack_with_torch(buffer, [recv_ops[int(i)].tensor for i in item.local_indices], item.nbytes)
+            for message, buffer in after:
+                if all_host:
+                    _core.unpack_spans(buffer, recv_addresses[message.local_indices], message.nbytes, engine)
                 else:
-                    _tensors.copy_bytes_into(item, buffer)
+                    self._unpack_with_torch(buffer, [recv_targets[int(i)] for i in message.local_indices],
+                                            message.nbytes)
+        for target, staged in copy_back:
+            _tensors.copy_bytes_into(target, staged)
 
     @staticmethod
     def _pack_with_torch(buffer: Any, sources: List[Any]) -> None:
