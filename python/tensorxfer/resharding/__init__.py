@@ -1,9 +1,10 @@
-"""Resharding: move many tensors between ranks in one step.
+"""Resharding: move many tensors between ranks by task id.
 
-``tensorxfer.resharding.copy_services`` holds the batched send/receive
-services (``local``, ``mpi``, ``torch``), matched by task id.
+* ``tensorxfer.resharding.schedule`` -- the transfer schedule every rank computes
+  alike from all-gathered metadata (``SendRequest``, ``ReceiveRequest``,
+  ``ScheduledBatch``, ``build_schedule``).
+* ``tensorxfer.resharding.copy_services`` -- batched send/receive services
+  matched by task id (``build_copy_service("local" | "mpi" | "torch")``):
+  windows in task-id order, small tensors packed per peer, byte sizes agreed
+  before any byte moves.
 """
-
-from tensorxfer.resharding import copy_services
-
-__all__ = ["copy_services"]
