@@ -89,20 +89,26 @@ void bind_span_copies(py::module_& module) {
       "released); the inverse of pack_spans. Private to the copy services.");
   module.def(
       "copy_spans",
-      [](const AddressArray& dst_addresses, const AddressArray& src_addresses, const AddressArray& nbytes,
-         CopyEngine* engine) {
-        const auto destinations = span_addresses<void*>(dst_addresses, "dst_addresses");
-        const auto sources = span_addresses<const void*>(src_addresses, "src_addresses");
-        TENSORXFER_CHECK_EQ(InvalidArgument, "copy_spans", destinations.size(), sources.size());
-        const auto sizes = span_sizes(nbytes, sources.size(), "nbytes");
-        std::vector<copy::SpanCopy> spans(sizes.size());
-        for (std::size_t i = 0; i < spans.size(); ++i) spans[i] = {destinations[i], sources[i], sizes[i]};
+      [](const AddressArray& spans, CopyEngine* engine) {
+        TENSORXFER_CHECK(InvalidArgument, spans.ndim() == 2 && spans.shape(1) == 3,
+                         "spans: expected a uint64 array of shape (n, 3) = (src address, dst address, nbytes), "
+                         "got ", spans.ndim(), " dimensions", spans.ndim() == 2 ? " of width " : "",
+                         spans.ndim() == 2 ? std::to_string(spans.shape(1)) : std::string());
+        const auto count = static_cast<std::size_t>(spans.shape(0));
+        const uint64_t* rows = spans.data();
+        std::vector<copy::Span> native(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          native[i] = {reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(rows[3 * i])),
+                       reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(rows[3 * i + 1])),
+                       static_cast<std::size_t>(rows[3 * i + 2])};
+        }
         py::gil_scoped_release release;
-        copy::copy_spans(spans, engine);
+        copy::copy_spans(native.data(), native.size(), engine);
       },
-      py::arg("dst_addresses"), py::arg("src_addresses"), py::arg("nbytes"), py::arg("engine") = nullptr,
-      "Copies nbytes[i] bytes from src_addresses[i] to dst_addresses[i] for every i (GIL released). "
-      "Private to the copy services.");
+      py::arg("spans"), py::arg("engine") = nullptr,
+      "Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the "
+      "(n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The "
+      "caller keeps every span's memory alive. Private to the copy services and the pipeline executor.");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "tensorxfer/copy/span_pack.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -36,7 +37,7 @@ bool wraps_around(const void* address, std::size_t nbytes) {
   return nbytes > std::numeric_limits<std::uintptr_t>::max() - begin;
 }
 
-void check_span(const SpanCopy& span, std::size_t index) {
+void check_span(const Span& span, std::size_t index) {
   if (span.nbytes == 0) return;
   TENSORXFER_CHECK(InvalidArgument, span.dst != nullptr && span.src != nullptr, "span ", index,
                    ": null address for ", span.nbytes, " bytes (dst=", span.dst, ", src=", span.src,
@@ -58,11 +59,11 @@ struct Slice {
 // Slices in span order, each large span cut in kPieceBytes slices; `pieces`
 // gets the index of the first slice of each piece (about kPieceBytes each),
 // plus the end.
-void plan_pieces(const std::vector<SpanCopy>& spans, std::vector<Slice>& slices,
+void plan_pieces(const Span* spans, std::size_t count, std::vector<Slice>& slices,
                  std::vector<std::size_t>& pieces) {
   std::size_t piece_bytes = 0;
   pieces.push_back(0);
-  for (std::size_t i = 0; i < spans.size(); ++i) {
+  for (std::size_t i = 0; i < count; ++i) {
     for (std::size_t offset = 0; offset < spans[i].nbytes; offset += kPieceBytes) {
       const std::size_t nbytes = std::min(kPieceBytes, spans[i].nbytes - offset);
       if (piece_bytes > 0 && piece_bytes + nbytes > kPieceBytes) {
@@ -76,9 +77,9 @@ void plan_pieces(const std::vector<SpanCopy>& spans, std::vector<Slice>& slices,
   if (pieces.back() != slices.size()) pieces.push_back(slices.size());
 }
 
-void copy_one(const SpanCopy& span, std::size_t offset, std::size_t nbytes, bool streaming) {
-  char* dst = static_cast<char*>(span.dst) + offset;
-  const char* src = static_cast<const char*>(span.src) + offset;
+void copy_one(const Span& span, std::size_t offset, std::size_t nbytes, bool streaming) {
+  std::byte* dst = span.dst + offset;
+  const std::byte* src = span.src + offset;
   if (streaming) {
     detail::streaming_copy(dst, src, nbytes);
   } else {
@@ -98,9 +99,11 @@ std::size_t packed_nbytes(const std::vector<std::size_t>& nbytes) {
   return total;
 }
 
-void copy_spans(const std::vector<SpanCopy>& spans, CopyEngine* engine) {
+void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine) {
+  TENSORXFER_CHECK(InvalidArgument, count == 0 || spans != nullptr, "copy_spans: null span list for ", count,
+                   " spans");
   std::size_t total = 0;
-  for (std::size_t i = 0; i < spans.size(); ++i) {
+  for (std::size_t i = 0; i < count; ++i) {
     check_span(spans[i], i);
     TENSORXFER_CHECK(InvalidArgument, spans[i].nbytes <= std::numeric_limits<std::size_t>::max() - total,
                      "span sizes overflow: span ", i, " adds ", spans[i].nbytes, " bytes to ", total);
@@ -108,15 +111,15 @@ void copy_spans(const std::vector<SpanCopy>& spans, CopyEngine* engine) {
   }
   const bool streaming = total >= kStreamingBytes;
   if (engine == nullptr || total < kParallelBytes || engine->max_parallelism() < 2) {
-    for (const auto& span : spans) {
-      if (span.nbytes > 0) copy_one(span, 0, span.nbytes, streaming);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (spans[i].nbytes > 0) copy_one(spans[i], 0, spans[i].nbytes, streaming);
     }
     if (streaming) detail::streaming_fence();
     return;
   }
   std::vector<Slice> slices;
   std::vector<std::size_t> pieces;
-  plan_pieces(spans, slices, pieces);
+  plan_pieces(spans, count, slices, pieces);
   engine->parallel_for(pieces.size() - 1, 1, [&](std::size_t begin, std::size_t end) {
     for (std::size_t piece = begin; piece < end; ++piece) {
       for (std::size_t s = pieces[piece]; s < pieces[piece + 1]; ++s) {
@@ -136,15 +139,15 @@ void pack_spans(void* dst, std::size_t dst_capacity, const std::vector<const voi
   TENSORXFER_CHECK(InvalidArgument, total <= dst_capacity, "pack_spans: dst holds ", dst_capacity,
                    " bytes, the ", nbytes.size(), " spans need ", total);
   TENSORXFER_CHECK(InvalidArgument, total == 0 || dst != nullptr, "pack_spans: dst is null");
-  std::vector<SpanCopy> spans(sources.size());
+  std::vector<Span> spans(sources.size());
   std::size_t offset = 0;
   for (std::size_t i = 0; i < sources.size(); ++i) {
-    spans[i] = {static_cast<char*>(dst) + offset, sources[i], nbytes[i]};
+    spans[i] = {static_cast<const std::byte*>(sources[i]), static_cast<std::byte*>(dst) + offset, nbytes[i]};
     TENSORXFER_CHECK(InvalidArgument, !ranges_overlap(dst, total, sources[i], nbytes[i]),
                      "pack_spans: source span ", i, " overlaps dst");
     offset += nbytes[i];
   }
-  copy_spans(spans, engine);
+  copy_spans(spans.data(), spans.size(), engine);
 }
 
 void unpack_spans(const void* src, std::size_t src_nbytes, const std::vector<void*>& destinations,
@@ -154,15 +157,15 @@ void unpack_spans(const void* src, std::size_t src_nbytes, const std::vector<voi
   TENSORXFER_CHECK(InvalidArgument, total <= src_nbytes, "unpack_spans: src holds ", src_nbytes,
                    " bytes, the ", nbytes.size(), " spans need ", total);
   TENSORXFER_CHECK(InvalidArgument, total == 0 || src != nullptr, "unpack_spans: src is null");
-  std::vector<SpanCopy> spans(destinations.size());
+  std::vector<Span> spans(destinations.size());
   std::size_t offset = 0;
   for (std::size_t i = 0; i < destinations.size(); ++i) {
-    spans[i] = {destinations[i], static_cast<const char*>(src) + offset, nbytes[i]};
+    spans[i] = {static_cast<const std::byte*>(src) + offset, static_cast<std::byte*>(destinations[i]), nbytes[i]};
     TENSORXFER_CHECK(InvalidArgument, !ranges_overlap(src, total, destinations[i], nbytes[i]),
                      "unpack_spans: destination span ", i, " overlaps src");
     offset += nbytes[i];
   }
-  copy_spans(spans, engine);
+  copy_spans(spans.data(), spans.size(), engine);
 }
 
 }  // namespace tensorxfer::copy

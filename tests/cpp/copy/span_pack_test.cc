@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -112,9 +113,10 @@ TEST(SpanPack, CopySpansCopiesEachPair) {
   CopyEngine engine(2);
   Spans in(mixed_sizes(25, 21), 21);
   Spans out(in.sizes, 22);
-  std::vector<SpanCopy> spans;
+  std::vector<Span> spans;
   for (std::size_t i = 0; i < in.sizes.size(); ++i) {
-    spans.push_back({out.buffers[i].data(), in.buffers[i].data(), in.sizes[i]});
+    spans.push_back({reinterpret_cast<const std::byte*>(in.buffers[i].data()),
+                     reinterpret_cast<std::byte*>(out.buffers[i].data()), in.sizes[i]});
   }
   copy_spans(spans, &engine);
   for (std::size_t i = 0; i < in.sizes.size(); ++i) ASSERT_EQ(out.buffers[i], in.buffers[i]) << "span " << i;
@@ -124,7 +126,8 @@ TEST(SpanPack, EmptyListAndZeroByteSpansAreNoOps) {
   pack_spans(nullptr, 0, {}, {}, nullptr);
   pack_spans(nullptr, 0, {nullptr, nullptr}, {0, 0}, nullptr);
   unpack_spans(nullptr, 0, {nullptr}, {0}, nullptr);
-  copy_spans({{nullptr, nullptr, 0}}, nullptr);
+  copy_spans(std::vector<Span>{{nullptr, nullptr, 0}}, nullptr);
+  copy_spans(nullptr, 0, nullptr);
 }
 
 TEST(SpanPack, DestinationTooSmallIsRejectedBeforeWriting) {
@@ -157,7 +160,8 @@ TEST(SpanPack, OverlapWithThePackedBufferIsRejected) {
   // The packed range is [0, total): a source inside it, or a destination inside the packed source.
   EXPECT_THROW(pack_spans(buffer.data(), 32, {buffer.data() + 4}, {8}, nullptr), InvalidArgument);
   EXPECT_THROW(unpack_spans(buffer.data(), 32, {buffer.data() + 8}, {16}, nullptr), InvalidArgument);
-  EXPECT_THROW(copy_spans({{buffer.data(), buffer.data() + 4, 8}}, nullptr), InvalidArgument);
+  auto* bytes = reinterpret_cast<std::byte*>(buffer.data());
+  EXPECT_THROW(copy_spans(std::vector<Span>{{bytes + 4, bytes, 8}}, nullptr), InvalidArgument);
   // Adjacent, not overlapping: fine.
   pack_spans(buffer.data(), 32, {buffer.data() + 32}, {32}, nullptr);
 }

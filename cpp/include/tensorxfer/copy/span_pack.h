@@ -17,22 +17,27 @@ namespace tensorxfer::copy {
 
 class CopyEngine;
 
-struct SpanCopy {
-  void* dst = nullptr;
-  const void* src = nullptr;
+// One copy: nbytes from src to dst.
+struct Span {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
   std::size_t nbytes = 0;
 };
 
 // Sum of `nbytes`; throws InvalidArgument if it overflows std::size_t.
 std::size_t packed_nbytes(const std::vector<std::size_t>& nbytes);
 
-// Performs every copy. Checked before any byte moves (InvalidArgument naming
-// the span index): a null dst or src with nbytes > 0, an address range that
-// wraps around, a span whose dst and src overlap. Spans' destinations must
-// not overlap each other (not checked; which write wins is then unspecified).
-// Work is split across `engine`'s threads and the caller when the total is
-// large enough (caller only when `engine` is null). Returns when all are done.
-void copy_spans(const std::vector<SpanCopy>& spans, CopyEngine* engine);
+// Performs spans[0, count). Checked before any byte moves (InvalidArgument
+// naming the span index): a null dst or src with nbytes > 0, an address range
+// that wraps around, a span whose dst and src overlap, a total that overflows.
+// Spans' destinations must not overlap each other (not checked; which write
+// wins is then unspecified). Work is split across `engine`'s threads and the
+// caller when the total is large enough (caller only when `engine` is null).
+// Returns when all are done. Thread-safe as far as the engine is.
+void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine);
+inline void copy_spans(const std::vector<Span>& spans, CopyEngine* engine) {
+  copy_spans(spans.data(), spans.size(), engine);
+}
 
 // dst[offset(i) ...] = sources[i] for every span. dst must hold at least
 // packed_nbytes(sizes) bytes (InvalidArgument naming both otherwise) and must

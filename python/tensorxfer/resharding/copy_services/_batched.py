@@ -253,8 +253,7 @@ class BatchedCopyService(CopyService):
             else:
                 _tensors.copy_bytes_into(recvs[recv.index].tensor, _tensors.contiguous(sends[send.index].tensor))
         if fast_nbytes:
-            _core.copy_spans(np.array(fast_dst, np.uint64), np.array(fast_src, np.uint64),
-                             np.array(fast_nbytes, np.uint64), default_copy_engine())
+            _tensors.copy_host_spans(fast_src, fast_dst, fast_nbytes)
 
     # ---- remote windows -----------------------------------------------------------------
 

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-import numpy as np
-
-from tensorxfer import _core
-from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services.base import CopyService, TaskMismatchError, match_local_ops_by_task_id
 
@@ -115,8 +111,7 @@ class LocalCopyService(CopyService):
             else:
                 _tensors.copy_bytes_into(recv.tensor, _tensors.contiguous(send.tensor))
         if sizes:
-            _core.copy_spans(np.array(dst_addresses, np.uint64), np.array(src_addresses, np.uint64),
-                             np.array(sizes, np.uint64), default_copy_engine())
+            _tensors.copy_host_spans(src_addresses, dst_addresses, sizes)
 
     def close(self) -> None:
         """Drop queued ops; later calls raise RuntimeError."""
