@@ -83,7 +83,7 @@ def failure(service, out_dir: str, mode: str) -> None:
     if rank == last:
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(FAILURE_TIMEOUT * 3)  # idle: never calls run() again
+        time.sleep(FAILURE_TIMEOUT + 1.5)  # idle: never calls run() again
         write(out_dir, rank, {"error": None, "message": "idle rank", "seconds": 0.0})
         os._exit(0)
     service.submit_send(payload, ring_next, 100 + rank)

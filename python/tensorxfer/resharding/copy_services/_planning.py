@@ -184,6 +184,7 @@ class SingleMessage:
 class Window:
     """This rank's messages in one window."""
 
+    index: int  # the global window number (the same on every rank)
     sends_packed: List[PackedMessage] = field(default_factory=list)
     sends_single: List[SingleMessage] = field(default_factory=list)
     recvs_packed: List[PackedMessage] = field(default_factory=list)
@@ -251,7 +252,7 @@ def build_plan(backend: str, rank: int, tables: Sequence[Tuple[np.ndarray, np.nd
     recv_tags: Dict[int, int] = {}
     send_packed, send_single = _messages(send_rows, windows[mine_send], DST, coalesce_bytes, send_tags, num_windows)
     recv_packed, recv_single = _messages(recv_rows, windows[mine_recv], SRC, coalesce_bytes, recv_tags, num_windows)
-    plan_windows = [Window(send_packed[w], send_single[w], recv_packed[w], recv_single[w]) for w in range(num_windows)]
+    plan_windows = [Window(w, send_packed[w], send_single[w], recv_packed[w], recv_single[w]) for w in range(num_windows)]
     plan_windows = [w for w in plan_windows if w.sends_packed or w.sends_single or w.recvs_packed or w.recvs_single]
     max_send: Dict[int, int] = {}
     max_recv: Dict[int, int] = {}

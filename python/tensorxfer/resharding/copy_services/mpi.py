@@ -49,6 +49,7 @@ class MpiCopyService(BatchedCopyService):
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm: expected an mpi4py intracommunicator or None, got {type(comm).__name__}")
         self._MPI = MPI
+        self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
         self._user_comm = comm
         self._comm: Any = None  # private duplicate, made by the first run
         self._rank = comm.Get_rank()
@@ -114,10 +115,10 @@ class MpiCopyService(BatchedCopyService):
         comm = self._comm
         requests = []
         for peer, tag, _, address, nbytes in recvs:
-            buffer = MPI.buffer.fromaddress(address, nbytes)
+            buffer = self._buffer.fromaddress(address, nbytes)
             requests.append(comm.Irecv([buffer, nbytes, MPI.BYTE], source=peer, tag=tag % self._tag_bound))
         for peer, tag, _, address, nbytes in sends:
-            buffer = MPI.buffer.fromaddress(address, nbytes, readonly=True)
+            buffer = self._buffer.fromaddress(address, nbytes, readonly=True)
             requests.append(comm.Isend([buffer, nbytes, MPI.BYTE], dest=peer, tag=tag % self._tag_bound))
         return requests
 
