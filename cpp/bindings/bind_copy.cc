@@ -40,6 +40,12 @@ PackLayout make_layout(const std::vector<FieldTuple>& fields, int64_t rows) {
 
 using AddressArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
+// Flags of describe_spans (python/tensorxfer/resharding/copy_services/_tensors.py reads them).
+constexpr uint64_t kSpanContiguous = 1;
+constexpr uint64_t kSpanHost = 2;
+constexpr uint64_t kSpanReadOnly = 4;
+constexpr uint64_t kSpanUnknown = 8;
+
 std::vector<std::size_t> span_sizes(const AddressArray& nbytes, std::size_t count, const char* argument) {
   TENSORXFER_CHECK(InvalidArgument, nbytes.ndim() == 1 && static_cast<std::size_t>(nbytes.size()) == count,
                    argument, ": expected ", count, " sizes (one per address), got ", nbytes.size());
@@ -87,6 +93,41 @@ void bind_span_copies(py::module_& module) {
       py::arg("src"), py::arg("addresses"), py::arg("nbytes"), py::arg("engine") = nullptr,
       "Copies src's bytes, back to back, into the host spans (addresses[i], nbytes[i]) (GIL "
       "released); the inverse of pack_spans. Private to the copy services.");
+  module.def(
+      "describe_spans",
+      [](const py::list& objects) {
+        const auto count = static_cast<py::ssize_t>(objects.size());
+        py::array_t<uint64_t> result({count, py::ssize_t{3}});
+        auto rows = result.mutable_unchecked<2>();
+        for (py::ssize_t i = 0; i < count; ++i) {
+          PyObject* object = PyList_GET_ITEM(objects.ptr(), i);
+          Py_buffer buffer;
+          if (PyObject_CheckBuffer(object) && PyObject_GetBuffer(object, &buffer, PyBUF_RECORDS_RO) == 0) {
+            rows(i, 0) = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(buffer.buf));
+            rows(i, 1) = static_cast<uint64_t>(buffer.len);
+            rows(i, 2) = (PyBuffer_IsContiguous(&buffer, 'C') ? kSpanContiguous : 0) | kSpanHost |
+                         (buffer.readonly ? kSpanReadOnly : 0);
+            PyBuffer_Release(&buffer);
+            continue;
+          }
+          PyErr_Clear();
+          const py::handle tensor(object);
+          if (!py::hasattr(tensor, "data_ptr")) {
+            rows(i, 0) = rows(i, 1) = 0;
+            rows(i, 2) = kSpanUnknown;
+            continue;
+          }
+          rows(i, 0) = tensor.attr("data_ptr")().cast<uint64_t>();
+          rows(i, 1) = tensor.attr("nbytes").cast<uint64_t>();
+          rows(i, 2) = (tensor.attr("is_contiguous")().cast<bool>() ? kSpanContiguous : 0) |
+                       (tensor.attr("is_cpu").cast<bool>() ? kSpanHost : 0);
+        }
+        return result;
+      },
+      py::arg("objects"),
+      "(n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch "
+      "tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and "
+      "size 0). Private to the copy services.");
   module.def(
       "copy_spans",
       [](const AddressArray& spans, CopyEngine* engine) {

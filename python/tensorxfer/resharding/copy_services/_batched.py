@@ -31,7 +31,11 @@ from tensorxfer.resharding.copy_services._liveness import PeerWatch, own_identit
 from tensorxfer.resharding.copy_services.base import (
     DEFAULT_TIMEOUT,
     CopyService,
+    RecvOp,
+    SendOp,
     TaskMismatchError,
+    check_rank,
+    check_task_id,
     check_timeout,
     match_local_ops_by_task_id,
 )
@@ -71,8 +75,8 @@ class BatchedCopyService(CopyService):
         group: Any = None,
         *,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
-        max_window_tasks: int = 4096,
-        max_window_bytes: int = 64 << 20,
+        max_window_tasks: int = 16384,
+        max_window_bytes: int = 256 << 20,
         coalesce_bytes: int = 128 << 10,
     ) -> None:
         super().__init__(group)
@@ -80,8 +84,7 @@ class BatchedCopyService(CopyService):
         self.max_window_tasks = _positive(max_window_tasks, "max_window_tasks")
         self.max_window_bytes = _positive(max_window_bytes, "max_window_bytes")
         self.coalesce_bytes = _positive(coalesce_bytes, "coalesce_bytes")
-        self._send_info: List[_tensors.TensorInfo] = []
-        self._recv_info: List[_tensors.TensorInfo] = []
+        self._world = self.world_size
         self._plan: Optional[_planning.Plan] = None
         self._broken: Optional[str] = None
         self._watch: Optional[PeerWatch] = None
@@ -112,33 +115,35 @@ class BatchedCopyService(CopyService):
     def _abandon(self, requests: List[Any]) -> None:
         """Best-effort cancellation of requests left pending by a failed run."""
 
-    # ---- submission -----------------------------------------------------------------
-
-    def _described(self, tensor: Any, argument: str, writable: bool) -> Tuple[Any, _tensors.TensorInfo]:
-        tensor = _tensors.normalize(tensor, argument, writable)
-        info = _tensors.describe(tensor)
-        if self.host_only and not info.host:
-            raise ValueError(f"{argument}: {self.backend_name} moves host (cpu) tensors only, got one on {tensor.device}")
-        return tensor, info
+    # ---- submission ----------------------------------------------------------------
+    # Submits only check their arguments (the per-op cost of a step of 10,000
+    # tensors); addresses and sizes are read in bulk, natively, by run().
 
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
-        self._check_open("submit_send")
-        tensor, info = self._described(src_tensor, "src_tensor", writable=False)
-        self._queue_send(tensor, dest_rank, task_id)
-        self._send_info.append(info)
+        if self._closed:
+            self._check_open("submit_send")
+        tensor = _tensors.normalize_fast(src_tensor, "src_tensor", False, self.host_only, self.backend_name)
+        if type(dest_rank) is not int or not 0 <= dest_rank < self._world:
+            dest_rank = check_rank(dest_rank, self._world, "dest_rank")
+        if task_id is not None and (type(task_id) is not int or not -(2**63) <= task_id < 2**63):
+            task_id = check_task_id(task_id)
+        self.send_ops.append(SendOp(task_id, tensor, dest_rank))
 
     def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
-        self._check_open("submit_recv")
-        tensor, info = self._described(dest_tensor, "dest_tensor", writable=True)
-        self._queue_recv(tensor, src_rank, task_id)
-        self._recv_info.append(info)
+        if self._closed:
+            self._check_open("submit_recv")
+        tensor = _tensors.normalize_fast(dest_tensor, "dest_tensor", True, self.host_only, self.backend_name)
+        if type(src_rank) is not int or not 0 <= src_rank < self._world:
+            src_rank = check_rank(src_rank, self._world, "src_rank")
+        if task_id is not None and (type(task_id) is not int or not -(2**63) <= task_id < 2**63):
+            task_id = check_task_id(task_id)
+        self.recv_ops.append(RecvOp(task_id, tensor, src_rank))
 
     def close(self) -> None:
         """Release staging buffers and plans; later calls raise RuntimeError."""
         self._plan = None
-        self._send_info, self._recv_info = [], []
         super().close()
 
     # ---- run ------------------------------------------------------------------------
@@ -157,24 +162,27 @@ class BatchedCopyService(CopyService):
         timeout = self.timeout if timeout is _UNSET else check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         sends, recvs = self._take_ops()
-        send_info, recv_info = self._send_info, self._recv_info
-        self._send_info, self._recv_info = [], []
         try:
-            self._run(sends, recvs, send_info, recv_info, deadline, timeout)
+            self._run(sends, recvs, deadline, timeout)
         except (TimeoutError, PeerLostError) as error:
             self._broken = f"{type(error).__name__}: {error}"
             raise
 
-    def _run(self, sends, recvs, send_info, recv_info, deadline, timeout) -> None:
+    def _run(self, sends: List[SendOp], recvs: List[RecvOp], deadline: Optional[float],
+             timeout: Optional[float]) -> None:
         me = self.rank
-        local_sends = [_LocalOp(op.task_id, i) for i, op in enumerate(sends) if op.dest_rank == me]
-        local_recvs = [_LocalOp(op.task_id, i) for i, op in enumerate(recvs) if op.src_rank == me]
+        send_spans = _tensors.describe_many([op.tensor for op in sends])
+        recv_spans = _tensors.describe_many([op.tensor for op in recvs])
+        send_peers = np.fromiter((op.dest_rank for op in sends), np.int64, len(sends))
+        recv_peers = np.fromiter((op.src_rank for op in recvs), np.int64, len(recvs))
+        local_sends = [_LocalOp(sends[i].task_id, int(i)) for i in np.flatnonzero(send_peers == me)]
+        local_recvs = [_LocalOp(recvs[i].task_id, int(i)) for i in np.flatnonzero(recv_peers == me)]
         local_error: Optional[Exception] = None
         pairs: List[Tuple[_LocalOp, _LocalOp]] = []
         try:
             pairs = match_local_ops_by_task_id(local_sends, local_recvs, self.backend_name, me)
             for send, recv in pairs:
-                sent, received = send_info[send.index].nbytes, recv_info[recv.index].nbytes
+                sent, received = int(send_spans.nbytes[send.index]), int(recv_spans.nbytes[recv.index])
                 if sent != received:
                     raise TaskMismatchError(
                         f"{self.backend_name}: size mismatch for task_id={send.task_id} on rank {me}: "
@@ -182,14 +190,20 @@ class BatchedCopyService(CopyService):
                     )
         except RuntimeError as error:
             local_error = error
-        remote_sends = [i for i, op in enumerate(sends) if op.dest_rank != me]
-        remote_recvs = [i for i, op in enumerate(recvs) if op.src_rank != me]
-        send_table = _planning.op_table([sends[i].task_id for i in remote_sends], [me] * len(remote_sends),
-                                        [sends[i].dest_rank for i in remote_sends],
-                                        [send_info[i].nbytes for i in remote_sends])
-        recv_table = _planning.op_table([recvs[i].task_id for i in remote_recvs],
-                                        [recvs[i].src_rank for i in remote_recvs], [me] * len(remote_recvs),
-                                        [recv_info[i].nbytes for i in remote_recvs])
+        remote_sends = np.flatnonzero(send_peers != me)
+        remote_recvs = np.flatnonzero(recv_peers != me)
+        if remote_sends.size == len(sends):
+            send_ids = [op.task_id for op in sends]
+        else:
+            send_ids = [sends[i].task_id for i in remote_sends]
+        if remote_recvs.size == len(recvs):
+            recv_ids = [op.task_id for op in recvs]
+        else:
+            recv_ids = [recvs[i].task_id for i in remote_recvs]
+        send_table = _planning.op_table(send_ids, np.full(remote_sends.size, me), send_peers[remote_sends],
+                                        send_spans.nbytes[remote_sends])
+        recv_table = _planning.op_table(recv_ids, recv_peers[remote_recvs], np.full(remote_recvs.size, me),
+                                        recv_spans.nbytes[remote_recvs])
         digest = _planning.digest(send_table, recv_table)
 
         # One small all-gather per run: digests, identities, errors.
@@ -221,12 +235,10 @@ class BatchedCopyService(CopyService):
             self._plan = plan
             self.plans_built += 1
 
-        self._copy_local(pairs, sends, recvs, send_info, recv_info)
+        self._copy_local(pairs, sends, recvs, send_spans, recv_spans)
         if plan.windows:
-            remote_send_ops = [sends[i] for i in remote_sends]
-            remote_recv_ops = [recvs[i] for i in remote_recvs]
-            self._execute(plan, remote_send_ops, [send_info[i] for i in remote_sends], remote_recv_ops,
-                          [recv_info[i] for i in remote_recvs], deadline, timeout)
+            self._execute(plan, [sends[i] for i in remote_sends], _subset(send_spans, remote_sends),
+                          [recvs[i] for i in remote_recvs], _subset(recv_spans, remote_recvs), deadline, timeout)
 
     def _all_gather(self, data: bytes, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
         requests, finish = self._start_all_gather(data)
@@ -240,18 +252,18 @@ class BatchedCopyService(CopyService):
 
     # ---- local copies -----------------------------------------------------------------
 
-    def _copy_local(self, pairs, sends, recvs, send_info, recv_info) -> None:
-        fast_dst, fast_src, fast_nbytes = [], [], []
+    def _copy_local(self, pairs, sends, recvs, send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
+        fast_src, fast_dst, fast_nbytes = [], [], []
         for send, recv in pairs:
-            src_info, dst_info = send_info[send.index], recv_info[recv.index]
-            if src_info.nbytes == 0:
+            i, j = send.index, recv.index
+            if send_spans.nbytes[i] == 0:
                 continue
-            if src_info.contiguous and dst_info.contiguous and src_info.host and dst_info.host:
-                fast_dst.append(dst_info.address)
-                fast_src.append(src_info.address)
-                fast_nbytes.append(src_info.nbytes)
+            if send_spans.contiguous[i] and recv_spans.contiguous[j] and send_spans.host[i] and recv_spans.host[j]:
+                fast_src.append(send_spans.address[i])
+                fast_dst.append(recv_spans.address[j])
+                fast_nbytes.append(send_spans.nbytes[i])
             else:
-                _tensors.copy_bytes_into(recvs[recv.index].tensor, _tensors.contiguous(sends[send.index].tensor))
+                _tensors.copy_bytes_into(recvs[j].tensor, _tensors.contiguous(sends[i].tensor))
         if fast_nbytes:
             _tensors.copy_host_spans(fast_src, fast_dst, fast_nbytes)
 
@@ -265,32 +277,26 @@ class BatchedCopyService(CopyService):
             plan.staging[key] = buffer
         return buffer
 
-    def _execute(self, plan, send_ops, send_info, recv_ops, recv_info, deadline, timeout) -> None:
+    def _execute(self, plan, send_ops, send_spans: _tensors.Spans, recv_ops, recv_spans: _tensors.Spans,
+                 deadline, timeout) -> None:
         engine = default_copy_engine()
-        keep_alive: List[Any] = []
         # Sources as they are now (after the caller's writes): non-contiguous ones copied once.
         send_objects = [op.tensor for op in send_ops]
-        send_addresses = np.empty(len(send_ops), np.uint64)
-        for i, info in enumerate(send_info):
-            if not info.contiguous:
-                send_objects[i] = _tensors.contiguous(send_objects[i])
-                send_addresses[i] = _tensors.describe(send_objects[i]).address
-            else:
-                send_addresses[i] = info.address
+        send_addresses = send_spans.address.copy()
+        for i in np.flatnonzero(~send_spans.contiguous):
+            send_objects[i] = _tensors.contiguous(send_objects[i])
+            send_addresses[i] = _tensors.describe(send_objects[i]).address
         # Destinations as the transport and the unpacker see them: non-contiguous ones
         # are received into contiguous staging, copied back after the last window.
         recv_targets = [op.tensor for op in recv_ops]
-        recv_addresses = np.empty(len(recv_ops), np.uint64)
+        recv_addresses = recv_spans.address.copy()
         copy_back = []
-        for i, info in enumerate(recv_info):
-            if info.contiguous:
-                recv_addresses[i] = info.address
-            else:
-                staged = _tensors.empty_like(recv_targets[i])
-                copy_back.append((recv_targets[i], staged))
-                recv_targets[i] = staged
-                recv_addresses[i] = _tensors.describe(staged).address
-        all_host = all(info.host for info in send_info) and all(info.host for info in recv_info)
+        for i in np.flatnonzero(~recv_spans.contiguous):
+            staged = _tensors.empty_like(recv_targets[i])
+            copy_back.append((recv_targets[i], staged))
+            recv_targets[i] = staged
+            recv_addresses[i] = _tensors.describe(staged).address
+        all_host = bool(send_spans.host.all() and recv_spans.host.all())
 
         for window in plan.windows:
             posted_recvs, posted_sends, after = [], [], []
@@ -319,7 +325,6 @@ class BatchedCopyService(CopyService):
                 posted_sends.append((message.peer, message.tag, source, int(send_addresses[message.local_index]),
                                      message.nbytes))
             requests = self._post(posted_sends, posted_recvs)
-            keep_alive.append(requests)
             peers = sorted({item[0] for item in posted_sends} | {item[0] for item in posted_recvs})
             self._wait(requests, deadline, timeout, "the batch's transfers", peers)
             for message, buffer in after:
@@ -355,10 +360,10 @@ class BatchedCopyService(CopyService):
         """Polls until every request completed: spins briefly, then sleeps (so signals are
         handled and the peer gets the CPU); raises TimeoutError at the deadline and
         PeerLostError when a same-host peer died."""
-        polls = 0
-        next_liveness = time.monotonic() + 0.02
+        started = time.monotonic()
+        next_liveness = started + 0.02
+        nap = 0.0
         while not self._test_all(requests):
-            polls += 1
             now = time.monotonic()
             if now >= next_liveness:
                 next_liveness = now + 0.02
@@ -374,8 +379,15 @@ class BatchedCopyService(CopyService):
                     f"{self.backend_name}: rank {self.rank} waited {timeout:g} s for {what} with {waiting_on}; "
                     "a peer did not call run() or stalled"
                 )
-            if polls > 200:
-                time.sleep(min(0.001, 0.00002 * (polls - 200)))
+            # Poll without pausing for the first 2 ms (a transfer in progress needs
+            # this rank's calls to advance), then nap 50 us growing to 1 ms.
+            if now - started > 0.002:
+                nap = min(0.001, nap * 1.5 if nap else 0.00005)
+                time.sleep(nap)
+
+
+def _subset(spans: _tensors.Spans, rows: np.ndarray) -> _tensors.Spans:
+    return _tensors.Spans(spans.address[rows], spans.nbytes[rows], spans.contiguous[rows], spans.host[rows])
 
 
 def _torch_from(array: np.ndarray) -> Any:

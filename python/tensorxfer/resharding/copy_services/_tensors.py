@@ -36,6 +36,20 @@ def is_torch(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def normalize_fast(obj: Any, argument: str, writable: bool, host_only: bool, backend: str) -> Any:
+    """normalize() plus the host check, with a fast path for the common cases
+    (a writable numpy array, a CPU torch tensor)."""
+    if type(obj) is np.ndarray:
+        if (writable and not obj.flags.writeable) or obj.dtype.hasobject:
+            return normalize(obj, argument, writable)
+        return obj
+    if is_torch(obj):
+        if host_only and not obj.is_cpu:
+            raise ValueError(f"{argument}: {backend} moves host (cpu) tensors only, got one on {obj.device}")
+        return obj
+    return normalize_fast(normalize(obj, argument, writable), argument, writable, host_only, backend)
+
+
 def normalize(obj: Any, argument: str, writable: bool) -> Any:
     """``obj`` as a numpy array or torch tensor sharing its memory.
 
@@ -68,6 +82,28 @@ def describe(obj: Any) -> TensorInfo:
     if isinstance(obj, np.ndarray):
         return TensorInfo(obj.ctypes.data, obj.nbytes, obj.flags.c_contiguous, True)
     return TensorInfo(obj.data_ptr(), obj.nbytes, obj.is_contiguous(), obj.device.type == "cpu")
+
+
+class Spans(NamedTuple):
+    """TensorInfo of many tensors at once, as arrays."""
+
+    address: np.ndarray  # uint64
+    nbytes: np.ndarray  # int64
+    contiguous: np.ndarray  # bool
+    host: np.ndarray  # bool
+
+
+_CONTIGUOUS, _HOST, _UNKNOWN = 1, 2, 8
+
+
+def describe_many(objects: list) -> Spans:
+    """describe() of every normalized tensor in ``objects``, natively (one call)."""
+    rows = _core.describe_spans(objects)
+    for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
+        info = describe(objects[int(i)])
+        rows[i] = (info.address, info.nbytes, (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
+    flags = rows[:, 2]
+    return Spans(rows[:, 0].copy(), rows[:, 1].astype(np.int64), (flags & _CONTIGUOUS) != 0, (flags & _HOST) != 0)
 
 
 def contiguous(obj: Any) -> Any:
