@@ -75,7 +75,7 @@ class BatchedCopyService(CopyService):
         group: Any = None,
         *,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
-        max_window_tasks: int = 16384,
+        max_window_tasks: int = 65536,
         max_window_bytes: int = 256 << 20,
         coalesce_bytes: int = 128 << 10,
     ) -> None:

@@ -7,10 +7,14 @@ tables and computes the same global plan from them:
    ``task_id=None``, by (source, destination, submission index on that pair).
    Every key needs exactly one send and one receive, with the same ranks and
    the same byte size; otherwise ``TaskMismatchError`` (the same on every rank).
-2. windows: tasks in key order (task-id order) are cut into windows of at most
-   ``max_count`` tasks and about ``max_bytes`` bytes (a window closes at the
-   first task that starts past the byte bound). Windows are global, so each
-   rank's window k only waits on other ranks' window k: no cycle, no deadlock.
+2. windows: each sender's tasks, in key order (task-id order), are cut into
+   windows of at most ``max_count`` tasks and about ``max_bytes`` bytes (a
+   window closes at the first task that starts past the byte bound). A task's
+   window is computed from the gathered tables, so both of its ends put it in
+   the same window; a rank's window k then only waits on other ranks' window k:
+   no cycle, no deadlock. Every rank sends in window k at the same time (the
+   directions overlap whatever the numbering of the task ids); a rank may
+   receive up to (world - 1) windows' worth in one window.
 3. messages: in a window, a rank's tasks for one peer smaller than
    ``coalesce_bytes`` travel as one packed message; larger ones go alone.
    Per ordered pair the messages are numbered (the tag) in window order,
@@ -242,8 +246,11 @@ def build_plan(backend: str, rank: int, tables: Sequence[Tuple[np.ndarray, np.nd
     all_sends = np.concatenate([sends for sends, _ in tables]) if tables else np.zeros((0, COLUMNS), np.int64)
     all_recvs = np.concatenate([recvs for _, recvs in tables]) if tables else np.zeros((0, COLUMNS), np.int64)
     sends, recvs = match(backend, all_sends, all_recvs)
-    windows = assign_windows(sends[:, NBYTES], max_count, max_bytes)
-    num_windows = int(windows[-1]) + 1 if windows.size else 0
+    windows = np.zeros(sends.shape[0], np.int64)
+    for sender in np.unique(sends[:, SRC]):
+        rows = np.flatnonzero(sends[:, SRC] == sender)  # in key order
+        windows[rows] = assign_windows(sends[rows, NBYTES], max_count, max_bytes)
+    num_windows = int(windows.max()) + 1 if windows.size else 0
     mine_send = sends[:, SRC] == rank
     mine_recv = recvs[:, DST] == rank
     send_rows = sends[mine_send]
