@@ -252,8 +252,11 @@ class BatchedCopyService(CopyService):
 
     # ---- local copies -----------------------------------------------------------------
 
-    def _copy_local(self, pairs, sends, recvs, send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
-        fast_src, fast_dst, fast_nbytes = [], [], []
+    def _copy_local(self, pairs: List[Tuple[_LocalOp, _LocalOp]], sends: List[SendOp], recvs: List[RecvOp],
+                    send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
+        fast_src: List[int] = []
+        fast_dst: List[int] = []
+        fast_nbytes: List[int] = []
         for send, recv in pairs:
             i, j = send.index, recv.index
             if send_spans.nbytes[i] == 0:
@@ -277,8 +280,9 @@ class BatchedCopyService(CopyService):
             plan.staging[key] = buffer
         return buffer
 
-    def _execute(self, plan, send_ops, send_spans: _tensors.Spans, recv_ops, recv_spans: _tensors.Spans,
-                 deadline, timeout) -> None:
+    def _execute(self, plan: _planning.Plan, send_ops: List[SendOp], send_spans: _tensors.Spans,
+                 recv_ops: List[RecvOp], recv_spans: _tensors.Spans, deadline: Optional[float],
+                 timeout: Optional[float]) -> None:
         engine = default_copy_engine()
         # Sources as they are now (after the caller's writes): non-contiguous ones copied once.
         send_objects = [op.tensor for op in send_ops]
@@ -290,7 +294,7 @@ class BatchedCopyService(CopyService):
         # are received into contiguous staging, copied back after the last window.
         recv_targets = [op.tensor for op in recv_ops]
         recv_addresses = recv_spans.address.copy()
-        copy_back = []
+        copy_back: List[Tuple[Any, Any]] = []
         for i in np.flatnonzero(~recv_spans.contiguous):
             staged = _tensors.empty_like(recv_targets[i])
             copy_back.append((recv_targets[i], staged))
@@ -299,7 +303,9 @@ class BatchedCopyService(CopyService):
         all_host = bool(send_spans.host.all() and recv_spans.host.all())
 
         for window in plan.windows:
-            posted_recvs, posted_sends, after = [], [], []
+            posted_recvs: List[Tuple[int, int, Any, int, int]] = []
+            posted_sends: List[Tuple[int, int, Any, int, int]] = []
+            after: List[Tuple[_planning.PackedMessage, Any]] = []
             for message in window.recvs_packed:
                 if message.tag < 0:
                     continue
