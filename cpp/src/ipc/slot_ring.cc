@@ -168,7 +168,7 @@ std::optional<uint32_t> SlotRing::take_free_locked() {
   return std::nullopt;
 }
 
-uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
+uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
   const auto deadline = deadline_after("SlotRing::acquire_free", timeout);
   check_usable("SlotRing::acquire_free");
   std::optional<uint32_t> slot;
@@ -177,7 +177,10 @@ uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
         std::lock_guard<std::mutex> lock(mutex_);
         return (slot = take_free_locked()).has_value();
       },
-      deadline, spin_, [&] { watch_as_producer(); });
+      deadline, spin_, [&] {
+        if (hook) hook();
+        watch_as_producer();
+      });
   if (status == sync::WaitStatus::kReady) return *slot;
   throw Timeout("SlotRing::acquire_free: no slot became free within " + seconds_text(timeout) + " (ring '" +
                 name() + "', depth " + std::to_string(layout_.depth) + ")");
@@ -241,7 +244,7 @@ std::optional<ReadySlot> SlotRing::try_acquire_ready() {
   return take_next_locked();
 }
 
-ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
+ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
   const auto deadline = deadline_after("SlotRing::acquire_ready", timeout);
   check_consumer("SlotRing::acquire_ready");
   std::optional<ReadySlot> ready;
@@ -250,7 +253,11 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
         std::lock_guard<std::mutex> lock(mutex_);
         return (ready = take_next_locked()).has_value();
       },
-      deadline, spin_, [&] { watch_as_consumer(); },
+      deadline, spin_,
+      [&] {
+        if (hook) hook();
+        watch_as_consumer();
+      },
       [&] {
         // The publish time (CLOCK_MONOTONIC, as WaitClock) lets the adaptive
         // policy learn true arrival times; a value no clock can hold is ignored

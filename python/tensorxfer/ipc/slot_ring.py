@@ -28,9 +28,12 @@ Waits release the GIL.  How they spend their time is set by ``spin_us``:
 * ``x > 0``: spin ``x`` microseconds, then sleep.
 
 ``wait_stats`` shows what the policy learned and how recent waits ended.
-A wait raises ``TimeoutError`` when its timeout passes and
-``tensorxfer.PeerLostError`` when the other side has died (checked at least every
-20 ms), so a killed peer never hangs a process.  Slots held for writing by a
+A wait's ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+seconds, ``0`` to try once, ``None`` for no deadline.  Whatever the timeout, a
+wait raises ``tensorxfer.PeerLostError`` when the other side has died and
+``KeyboardInterrupt`` on Ctrl-C (both checked at least every 20 ms, with
+nothing taken from the ring), so a killed peer never hangs a process; it
+raises ``TimeoutError`` when its timeout passes.  Slots held for writing by a
 dead producer are reclaimed.  The shared-memory name is removed when the
 consumer closes the ring or exits, or when a survivor notices the consumer died.
 
@@ -76,19 +79,6 @@ def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> i
         bounds = f"be in [{low}, {high})" if high is not None else f"be >= {low}"
         raise ValueError(f"{name} must {bounds}, got {value}")
     return value
-
-
-def _check_timeout(timeout: Optional[float], name: str = "timeout") -> Optional[float]:
-    if timeout is None:
-        return None
-    if type(timeout) is float and timeout >= 0:
-        return timeout  # the common case (NaN fails the comparison)
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{name} must be None or a number of seconds, got {type(timeout).__name__}")
-    timeout = float(timeout)
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be None or a number of seconds >= 0, got {timeout}")
-    return timeout
 
 
 def _check_spin(spin_us: Optional[float]) -> Optional[float]:
@@ -257,13 +247,13 @@ class SlotRing(SharedResource):
     def acquire_free(self, timeout: Optional[float] = None) -> int:
         """Take a free slot for writing and return its index.
 
-        ``timeout`` in seconds (``None``: no limit, but a dead or closed consumer
-        still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLostError``.
+        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
+        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` if the
+        consumer died or closed the ring, ``KeyboardInterrupt`` on Ctrl-C (also
+        with ``timeout=None``; no slot is taken then).
         """
         if self._closed:
             raise ValueError("ring is closed")
-        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
-            timeout = _check_timeout(timeout)
         return self._core.acquire_free(timeout)
 
     def try_acquire_free(self) -> Optional[int]:
@@ -290,15 +280,15 @@ class SlotRing(SharedResource):
     def acquire_ready(self, timeout: Optional[float] = None) -> Tuple[int, int]:
         """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLostError``
-        when every producer that attached is gone, at least one of them died
-        without closing, and nothing is ready.  (If all producers closed
-        cleanly, another may attach: the wait goes on until the timeout.)
+        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
+        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` when every
+        producer that attached is gone, at least one of them died without
+        closing, and nothing is ready (if all producers closed cleanly, another
+        may attach: the wait goes on), ``KeyboardInterrupt`` on Ctrl-C (also
+        with ``timeout=None``; nothing is taken then).
         """
         if self._closed:
             raise ValueError("ring is closed")
-        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
-            timeout = _check_timeout(timeout)
         slot, tick_id, self._last_publish_ns = self._core.acquire_ready(timeout)
         return slot, tick_id
 

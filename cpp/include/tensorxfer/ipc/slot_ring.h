@@ -38,6 +38,7 @@
 #include "tensorxfer/ipc/slot_ring_layout.h"
 #include "tensorxfer/memory/shm_segment.h"
 #include "tensorxfer/sync/futex.h"
+#include "tensorxfer/sync/wait_hook.h"
 
 namespace tensorxfer::ipc {
 
@@ -68,18 +69,20 @@ class SlotRing {
   SlotRing& operator=(const SlotRing&) = delete;
   ~SlotRing();  // close()
 
-  // Producer: takes a FREE slot for writing. Throws Timeout after `timeout`,
-  // PeerLost if the consumer died or closed the ring.
-  uint32_t acquire_free(std::chrono::nanoseconds timeout);
+  // Producer: takes a FREE slot for writing. Throws Timeout after `timeout`
+  // (kNoTimeout: never), PeerLost if the consumer died or closed the ring, and
+  // whatever `hook` throws (run every sync::kWatchSlice; nothing is taken then).
+  uint32_t acquire_free(std::chrono::nanoseconds timeout, const sync::WaitHook& hook = {});
   // Producer: like acquire_free without waiting; nullopt if no slot is free.
   [[nodiscard]] std::optional<uint32_t> try_acquire_free();
   // Producer: makes `slot` (held by this object for writing) READY with `tick_id`.
   // Throws InvalidArgument if the slot is out of range or not held by this object.
   void publish(uint32_t slot, uint64_t tick_id);
 
-  // Consumer only: the next slot in publish order. Throws Timeout after `timeout`,
-  // PeerLost when all producers are gone (one or more died) and nothing is ready.
-  ReadySlot acquire_ready(std::chrono::nanoseconds timeout);
+  // Consumer only: the next slot in publish order. Throws Timeout after `timeout`
+  // (kNoTimeout: never), PeerLost when all producers are gone (one or more died)
+  // and nothing is ready, and whatever `hook` throws (as in acquire_free).
+  ReadySlot acquire_ready(std::chrono::nanoseconds timeout, const sync::WaitHook& hook = {});
   // Consumer only: like acquire_ready without waiting; nullopt if nothing is ready.
   [[nodiscard]] std::optional<ReadySlot> try_acquire_ready();
   // Consumer only: gives a slot obtained from acquire_ready back to the producers.

@@ -9,15 +9,15 @@ through the ``_``-prefixed hooks documented on the class.
 from __future__ import annotations
 
 import abc
-import math
+import dataclasses
 import numbers
 import threading
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from tensorxfer import _core
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
-DEFAULT_WAIT_TIMEOUT_S = 60.0
 TRACE_CATEGORY = "replay_transfer"
 SUBMIT_SPAN_NAME = "replay.h2d_submit"
 COPY_SPAN_NAME = "replay.h2d_copy"
@@ -37,29 +37,44 @@ def require_ring_depth(ring_depth: Any) -> int:
     return require_int(ring_depth, "ring_depth", minimum=1)
 
 
-def resolve_timeout(timeout: Any) -> float:
-    """``None`` -> the default wait; otherwise a finite number of seconds > 0."""
-    if timeout is None:
-        return DEFAULT_WAIT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    return float(timeout)
+def resolve_timeout(timeout: Any, operation: str) -> Optional[float]:
+    """A wait's ``timeout`` by the package rules (see :mod:`tensorxfer.errors`):
+    ``None`` (no deadline) or seconds >= 0 (0: check once)."""
+    return _core.check_timeout(timeout, operation)
 
 
-def poll_until_done(query, timeout: float, what: str) -> None:
-    """Polls ``query()`` (non-blocking) until it is True: spins briefly, then
-    sleeps with a growing interval (at most 1 ms).  Raises ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
-    pause = 0.0
-    while not query():
-        now = time.monotonic()
-        if now >= deadline:
-            raise TimeoutError(f"{what} did not finish within {timeout:g} s")
-        if pause:
-            time.sleep(min(pause, deadline - now))
-        pause = min(max(pause * 2, 20e-6), 1e-3)
+def wait_blocking(
+    wait: Callable[[], Any], timeout: Optional[float], what: str, *, done: Optional[Callable[[], bool]] = None
+) -> None:
+    """Blocks until ``wait()`` returns; ``TimeoutError`` naming ``what`` after ``timeout`` s
+    (``None``: no deadline; Ctrl-C still interrupts the caller's wait).
+
+    ``wait`` is a blocking device wait that releases the GIL (``Event.synchronize``,
+    ``Stream.synchronize``): the calling thread sleeps until it returns, nothing
+    polls.  Device waits take no timeout of their own, so ``wait`` runs in a
+    daemon helper thread and the caller waits for it with the timeout; a wait
+    given up on finishes by itself once the device work does.  ``done`` (a
+    non-blocking query) skips the helper thread when the work already finished.
+    Exceptions of ``wait`` are re-raised in the caller.
+    """
+    if done is not None and done():
+        return
+    finished = threading.Event()
+    failure: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as error:  # handed to the caller below
+            failure.append(error)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name=f"tensorxfer-wait ({what})", daemon=True).start()
+    if not finished.wait(timeout):
+        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+    if failure:
+        raise failure[0]
 
 
 def resolve_h2d_nbytes(
@@ -269,16 +284,7 @@ class TransferBackendBase(abc.ABC):
             self._last_tick_id = metadata.tick_id
         end_ns = time.monotonic_ns()
         if trace_recorder is not None:
-            args = {
-                "slot": slot,
-                "h2d_bytes": submitted.nbytes,
-                "pack_layout": pack_layout,
-                "pack_executor": pack_executor,
-                "h2d_submitter": self.h2d_submitter,
-                "device": str(self.device),
-            }
-            if metadata is not None:
-                args.update(metadata.trace_args())
+            args = self._trace_args(slot, submitted.nbytes, metadata, pack_layout, pack_executor)
             trace_recorder.add_slice(SUBMIT_SPAN_NAME, TRACE_CATEGORY, begin_ns, end_ns, args)
             if timing:
                 trace_recorder.add_cuda_pending_span(
@@ -290,8 +296,11 @@ class TransferBackendBase(abc.ABC):
         if metadata is not None:
             if not isinstance(metadata, ReplayTickMetadata):
                 raise TypeError(f"metadata must be a ReplayTickMetadata or None, got {type(metadata).__name__}")
-            if metadata.slot != slot:
-                raise ValueError(f"metadata.slot must equal slot={slot}, got metadata.slot={metadata.slot}")
+            if metadata.batch_host_slot is not None and metadata.batch_host_slot != slot:
+                raise ValueError(
+                    f"metadata.batch_host_slot must equal slot={slot} (or be None), "
+                    f"got metadata.batch_host_slot={metadata.batch_host_slot}"
+                )
             if self._last_tick_id is not None and metadata.tick_id <= self._last_tick_id:
                 raise ValueError(
                     f"metadata.tick_id must strictly increase per backend: got {metadata.tick_id} "
@@ -313,6 +322,27 @@ class TransferBackendBase(abc.ABC):
                     f"without {', '.join(missing)}"
                 )
 
+    def _trace_args(
+        self, slot: int, nbytes: int, metadata: Optional[ReplayTickMetadata], pack_layout: str, pack_executor: str
+    ) -> Dict[str, Any]:
+        """The arguments of a submit's trace spans: the submit, the backend's memory
+        and submitter, and all seven ``ReplayTickMetadata`` fields (None without metadata)."""
+        args: Dict[str, Any] = {
+            "slot": slot,
+            "h2d_bytes": nbytes,
+            "pinned_memory": bool(self.host_pinned),
+            "pack_layout": pack_layout,
+            "pack_executor": pack_executor,
+            "h2d_submitter": self.h2d_submitter,
+            "direct_pinned_shared": bool(self.direct_pinned_shared),
+            "device": str(self.device),
+        }
+        if metadata is not None:
+            args.update(metadata.trace_args())
+        else:
+            args.update({field.name: None for field in dataclasses.fields(ReplayTickMetadata)})
+        return args
+
     # -- readiness -------------------------------------------------------------
     def clear_ready(self, slot: int) -> None:
         """Forgets the slot's last submit, so it reads as ready again (a copy
@@ -328,10 +358,11 @@ class TransferBackendBase(abc.ABC):
 
     def synchronize_ready(self, slot: int, *, timeout: Optional[float] = None) -> None:
         """Blocks until the slot's last submitted copy has finished; returns at once
-        when none is pending.  ``TimeoutError`` after ``timeout`` seconds (default
-        ``DEFAULT_WAIT_TIMEOUT_S``)."""
+        when none is pending.  ``timeout``: seconds (0: check once), ``None`` (the
+        default): no deadline, Ctrl-C still interrupts (``KeyboardInterrupt``).
+        ``TimeoutError`` when it passes."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.synchronize_ready")
         if self._submitted[slot]:
             self._wait_ready(slot, timeout)
 
@@ -340,7 +371,7 @@ class TransferBackendBase(abc.ABC):
         with streams: returns at once; host: the calling thread waits, bounded by
         ``timeout`` as in ``synchronize_ready``)."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.wait_current_stream_for_ready")
         if self._submitted[slot]:
             self._stream_wait_ready(slot, timeout)
 
@@ -365,10 +396,11 @@ class TransferBackendBase(abc.ABC):
         """Whether the slot's last copy finished; never blocks."""
 
     @abc.abstractmethod
-    def _wait_ready(self, slot: int, timeout: float) -> None:
-        """Blocks the caller until the slot's last copy finished; TimeoutError after ``timeout``."""
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
+        """Blocks the caller until the slot's last copy finished; TimeoutError after
+        ``timeout`` (``None``: no deadline; the wait must stay interruptible by Ctrl-C)."""
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         self._wait_ready(slot, timeout)
 
     def _close_impl(self) -> None:
@@ -376,7 +408,6 @@ class TransferBackendBase(abc.ABC):
 
 
 __all__ = [
-    "DEFAULT_WAIT_TIMEOUT_S",
     "TRACE_CATEGORY",
     "SUBMIT_SPAN_NAME",
     "COPY_SPAN_NAME",
@@ -384,7 +415,7 @@ __all__ = [
     "TransferBackendBase",
     "normalize_shape",
     "numpy_dtype",
-    "poll_until_done",
+    "wait_blocking",
     "require_int",
     "require_ring_depth",
     "resolve_h2d_nbytes",
