@@ -313,9 +313,9 @@ class BatchedCopyService(CopyService):
                 buffer = self._staging(plan, "recv", message.peer, plan.max_recv_packed[message.peer], like)
                 posted_recvs.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
                 after.append((message, buffer))
-            for message in window.recvs_single:
-                posted_recvs.append((message.peer, message.tag, recv_targets[message.local_index],
-                                     int(recv_addresses[message.local_index]), message.nbytes))
+            for single in window.recvs_single:
+                posted_recvs.append((single.peer, single.tag, recv_targets[single.local_index],
+                                     int(recv_addresses[single.local_index]), single.nbytes))
             for message in window.sends_packed:
                 if message.tag < 0:
                     continue
@@ -326,10 +326,9 @@ class BatchedCopyService(CopyService):
                 else:
                     self._pack_with_torch(buffer, [send_objects[int(i)] for i in message.local_indices])
                 posted_sends.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
-            for message in window.sends_single:
-                source = send_objects[message.local_index]
-                posted_sends.append((message.peer, message.tag, source, int(send_addresses[message.local_index]),
-                                     message.nbytes))
+            for single in window.sends_single:
+                posted_sends.append((single.peer, single.tag, send_objects[single.local_index],
+                                     int(send_addresses[single.local_index]), single.nbytes))
             requests = self._post(posted_sends, posted_recvs)
             peers = sorted({item[0] for item in posted_sends} | {item[0] for item in posted_recvs})
             self._wait(requests, deadline, timeout, "the batch's transfers", peers)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -38,8 +38,7 @@ COLUMNS = 7
 _PAIR_SHIFT = 31
 
 
-def op_table(task_ids: Sequence[Optional[int]], sources: Sequence[int], destinations: Sequence[int],
-             nbytes: Sequence[int]) -> np.ndarray:
+def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any, nbytes: Any) -> np.ndarray:
     """The (n, COLUMNS) int64 table of n remote ops, LOCAL_INDEX = position in the given lists."""
     count = len(task_ids)
     table = np.zeros((count, COLUMNS), np.int64)
@@ -51,10 +50,10 @@ def op_table(task_ids: Sequence[Optional[int]], sources: Sequence[int], destinat
     table[:, LOCAL_INDEX] = np.arange(count)
     anonymous = [i for i, task_id in enumerate(task_ids) if task_id is None]
     if not anonymous:
-        table[:, KEY_A] = task_ids
+        table[:, KEY_A] = cast(Sequence[int], task_ids)
         return table
     named = [i for i, task_id in enumerate(task_ids) if task_id is not None]
-    table[named, KEY_A] = [task_ids[i] for i in named]
+    table[named, KEY_A] = [cast(int, task_ids[i]) for i in named]
     next_index: Dict[Tuple[int, int], int] = {}
     for i in anonymous:
         pair = (int(table[i, SRC]), int(table[i, DST]))
@@ -138,6 +137,7 @@ def _raise_missing(backend: str, sends: np.ndarray, recvs: np.ndarray) -> None:
     first_missing_recv = min(missing_recv) if missing_recv else None
     first_missing_send = min(missing_send) if missing_send else None
     if first_missing_send is None or (first_missing_recv is not None and first_missing_recv < first_missing_send):
+        assert first_missing_recv is not None  # the keys differ, so one side misses one
         row = send_keys[first_missing_recv]
         raise TaskMismatchError(
             f"{backend}: missing recv for {_describe_task(row)}: rank {int(row[SRC])} sends "
