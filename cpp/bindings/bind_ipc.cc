@@ -139,6 +139,7 @@ void bind_ipc(py::module_& module) {
           py::arg("timeout") = py::none())
       .def("try_acquire_free", &SlotRing::try_acquire_free)
       .def("publish", &SlotRing::publish, py::arg("slot"), py::arg("tick_id"))
+      .def("abandon", &SlotRing::abandon, py::arg("slot"), "Hand a slot from acquire_free back unpublished.")
       .def(
           "acquire_ready",
           [](SlotRing& ring, const PyTimeout& timeout) {

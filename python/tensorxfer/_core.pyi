@@ -275,6 +275,10 @@ class SlotRing:
     @staticmethod
     def create(depth: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None, max_producers: typing.SupportsInt | typing.SupportsIndex = 64) -> SlotRing:
         ...
+    def abandon(self, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Hand a slot from acquire_free back unpublished.
+        """
     def acquire_free(self, timeout: float | None = None) -> int:
         ...
     def acquire_ready(self, timeout: float | None = None) -> tuple:
