@@ -6,10 +6,10 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
-    A non-owning view of a tensor's memory that keeps its owner alive.
+    A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
     """
     def __repr__(self) -> str:
         ...
@@ -118,9 +118,9 @@ class HostEvent:
         """
         Back to never recorded.
         """
-    def wait(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+    def wait(self, timeout: float | None = None) -> None:
         """
-        Blocks until the latest record is done (None: no limit; Ctrl-C interrupts). Raises TimeoutError, or the error of a failed task before the record.
+        Blocks until the latest record is done (GIL released). ``timeout``: seconds, 0 = check once, None = no deadline (Ctrl-C still interrupts: KeyboardInterrupt). Raises TimeoutError, or the error of a failed task before the record.
         """
 class HostStream:
     """
@@ -134,9 +134,9 @@ class HostStream:
         """
         Copies go through `engine` (a CopyEngine, kept alive by the stream) when given, else a memcpy on the stream's thread.
         """
-    def close(self, timeout: typing.SupportsFloat | typing.SupportsIndex = 30.0) -> None:
+    def close(self, timeout: float | None = 30.0) -> None:
         """
-        Stops accepting work, lets pending work run for up to `timeout` seconds, cancels the rest (TimeoutError then) and joins the worker. Idempotent.
+        Stops accepting work, lets pending work run for up to `timeout` seconds (None: no deadline), cancels the rest (TimeoutError then) and joins the worker. Idempotent. Ctrl-C during the wait raises KeyboardInterrupt; the work keeps running and close may be called again.
         """
     def enqueue_copy(self, dst: typing.Any, src: typing.Any) -> None:
         """
@@ -150,9 +150,9 @@ class HostStream:
         """
         Records `event`: done once everything enqueued before has run.
         """
-    def synchronize(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+    def synchronize(self, timeout: float | None = None) -> None:
         """
-        Blocks until everything enqueued so far has run (GIL released). Raises TimeoutError, or the error of a failed task (once).
+        Blocks until everything enqueued so far has run (GIL released). ``timeout``: seconds, 0 = check once, None = no deadline (Ctrl-C still interrupts: KeyboardInterrupt). Raises TimeoutError, or the error of a failed task (once).
         """
     def wait_event(self, event: HostEvent) -> None:
         """
@@ -275,9 +275,13 @@ class SlotRing:
     @staticmethod
     def create(depth: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None, max_producers: typing.SupportsInt | typing.SupportsIndex = 64) -> SlotRing:
         ...
-    def acquire_free(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> int:
+    def abandon(self, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Hand a slot from acquire_free back unpublished.
+        """
+    def acquire_free(self, timeout: float | None = None) -> int:
         ...
-    def acquire_ready(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> tuple:
+    def acquire_ready(self, timeout: float | None = None) -> tuple:
         """
         -> (slot, tick_id, publish_ns)
         """
@@ -333,6 +337,38 @@ class SlotRing:
     @property
     def wait_stats(self) -> dict:
         ...
+class LocalGroup:
+    """
+    Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).
+    """
+    mailbox_nbytes: typing.ClassVar[int] = 65536
+    max_name_nbytes: typing.ClassVar[int] = 200
+    max_world_size: typing.ClassVar[int] = 1024
+    @staticmethod
+    def join(name: str, rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, timeout: float | None = None) -> LocalGroup:
+        ...
+    def all_gather_bytes(self, data: bytes, timeout: float | None = None) -> list:
+        ...
+    def barrier(self, timeout: float | None = None) -> None:
+        ...
+    def check_peers(self) -> None:
+        ...
+    def close(self) -> None:
+        ...
+    def rank_alive(self, rank: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
 class CudaCopySubmitter:
     """
     Native cudaMemcpyAsync host-to-device submitter for one GPU.
@@ -356,9 +392,13 @@ def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, nump
     """
     Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, [(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).
     """
-def check_timeout(timeout: typing.Any, operation: str) -> float | None:
+def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
     The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
+    """
+def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the (n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The caller keeps every span's memory alive. Private to the copy services and the pipeline executor.
     """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
@@ -372,6 +412,10 @@ def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
     ...
+def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
+    """
+    (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
+    """
 def huge_page_size() -> int:
     """
     The default huge page size in bytes.
@@ -400,6 +444,10 @@ def pack_rows(dst: typing.Any, layout: PackLayout, sources: list, indices: typin
     """
     Gathers sources[f][indices] into dst at each field's offset (GIL released). sources: [(field name, tensor)]. Use tensorxfer.ipc.pack_rows instead.
     """
+def pack_spans(dst: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies the host spans (addresses[i], nbytes[i]) back to back into dst (GIL released). The caller keeps every span's memory alive. Private to tensorxfer.resharding.copy_services.
+    """
 def page_size() -> int:
     """
     The system page size in bytes.
@@ -410,6 +458,10 @@ def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -
     """
 def prefer_local_numa_node(view: TensorView, argument: str) -> int:
     ...
+def probe_futex_across_processes() -> tuple[bool, str]:
+    """
+    (works, detail): whether a futex wake reaches a sleeper in another process (forks a child).
+    """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...
 def resident_page_count(view: TensorView, argument: str) -> int:
@@ -419,6 +471,10 @@ def resident_page_count(view: TensorView, argument: str) -> int:
 def sweep_stale_segments() -> int:
     """
     Remove /dev/shm/tensorxfer-* segments whose creator has exited; returns how many.
+    """
+def unpack_spans(src: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies src's bytes, back to back, into the host spans (addresses[i], nbytes[i]) (GIL released); the inverse of pack_spans. Private to the copy services.
     """
 __version__: str
 build_info: dict

@@ -1,4 +1,4 @@
-"""Host runtime: streams, events and the multi-threaded copy engine.
+"""Host runtime: streams, events, the multi-threaded copy engine and local groups.
 
 * :class:`HostStream` -- a worker thread running a FIFO of copies, event
   records and event waits with CUDA-stream semantics (``enqueue_copy`` returns
@@ -10,11 +10,18 @@
 * :class:`CopyEngine` -- worker threads that split large copies (and
   ``pack_rows``) with the calling thread; pass one to ``HostStream`` to make
   its copies multi-threaded.
+* :class:`LocalGroup` -- the ranks of one host (joined through shared memory,
+  torch.distributed or MPI): ``barrier``, ``all_gather_bytes``, liveness;
+  :class:`GroupHandle` lets spawned workers join.
 
-All three are native (``tensorxfer._core``) and release the GIL while they copy
-or wait.
+The first three are native (``tensorxfer._core``) and release the GIL while
+they copy or wait; LocalGroup's waits release it too.  ``timeout`` follows the
+package rules (:mod:`tensorxfer.errors`): seconds, ``0`` to check once, ``None``
+(the default) for no deadline; Ctrl-C interrupts any wait with
+``KeyboardInterrupt`` (the stream and event stay usable).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
+from tensorxfer.runtime.group import GroupHandle, LocalGroup
 
-__all__ = ["CopyEngine", "HostEvent", "HostStream"]
+__all__ = ["CopyEngine", "GroupHandle", "HostEvent", "HostStream", "LocalGroup"]
