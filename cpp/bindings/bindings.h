@@ -28,5 +28,6 @@ void bind_memory(py::module_& module);
 void bind_runtime(py::module_& module);
 void bind_copy(py::module_& module);
 void bind_ipc(py::module_& module);
+void bind_collectives(py::module_& module);
 
 }  // namespace tensorxfer::bindings

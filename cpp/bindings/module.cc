@@ -10,6 +10,7 @@ PYBIND11_MODULE(_core, module) {
   bind_runtime(module);
   bind_copy(module);
   bind_ipc(module);
+  bind_collectives(module);
 }
 
 }  // namespace tensorxfer::bindings

@@ -65,8 +65,12 @@ class HostBacking final : public IpcMemory::Backing {
     }
   }
 
+  // Detaches but keeps the mappings until destruction: views handed out
+  // earlier (numpy arrays in Python) stay valid.
   void close() noexcept override {
-    for (auto& peer : peers_) peer.reset();
+    for (auto& peer : peers_) {
+      if (peer) peer->detach();
+    }
     own_.unlink();
     own_.detach();
   }
@@ -155,13 +159,17 @@ IpcMemory& IpcMemory::operator=(IpcMemory&& other) noexcept {
     barrier_out = std::move(other.barrier_out);
     barrier_flag = other.barrier_flag;
     backing_ = std::move(other.backing_);
+    retired_ = std::move(other.retired_);
     wake_ = std::move(other.wake_);
     data_nbytes_ = other.data_nbytes_;
   }
   return *this;
 }
 
-IpcMemory::~IpcMemory() { close(); }
+IpcMemory::~IpcMemory() {
+  close();
+  retired_.reset();
+}
 
 MemoryDevice IpcMemory::device() const noexcept { return backing_ ? backing_->device() : MemoryDevice::kHost; }
 
@@ -183,7 +191,7 @@ void IpcMemory::check_peers_alive() const {
 void IpcMemory::close() noexcept {
   if (!backing_) return;
   backing_->close();
-  backing_.reset();
+  retired_ = std::move(backing_);
   std::fill(remote_data.begin(), remote_data.end(), nullptr);
   std::fill(barrier_in.begin(), barrier_in.end(), nullptr);
   std::fill(barrier_out.begin(), barrier_out.end(), nullptr);

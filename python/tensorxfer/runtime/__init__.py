@@ -11,10 +11,18 @@
   ``pack_rows``) with the calling thread; pass one to ``HostStream`` to make
   its copies multi-threaded.
 
-All three are native (``tensorxfer._core``) and release the GIL while they copy
+* :class:`IpcMemory` -- per-rank shared regions and barrier words every local
+  rank maps (``num_workers``, ``worker_id``, ``remote_data``, ``barrier_in``,
+  ``barrier_out``, ``barrier_flag``), made collectively on a group.
+* :class:`Communicator` -- all_reduce / all_gather / reduce_scatter /
+  broadcast / barrier among the ranks of one host over an IpcMemory.
+
+The stream, event and engine are native (``tensorxfer._core``) and release the GIL while they copy
 or wait.
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
+from tensorxfer.runtime.collectives import Communicator
+from tensorxfer.runtime.ipc_memory import IpcMemory
 
-__all__ = ["CopyEngine", "HostEvent", "HostStream"]
+__all__ = ["CopyEngine", "Communicator", "HostEvent", "HostStream", "IpcMemory"]

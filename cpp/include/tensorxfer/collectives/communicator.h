@@ -101,7 +101,8 @@ class Communicator {
   bool is_broken() const noexcept { return !broken_reason_.empty(); }
   bool is_closed() const noexcept { return memory_.is_closed(); }
 
-  // Unmaps the memory. Idempotent; never throws; waits for a running operation.
+  // Closes the memory (IpcMemory::close: buffers stay mapped until destruction).
+  // Idempotent; never throws; waits for a running operation.
   void close() noexcept;
 
  private:

@@ -78,7 +78,7 @@ class IpcMemory {
   IpcMemory& operator=(IpcMemory&& other) noexcept;
   IpcMemory(const IpcMemory&) = delete;
   IpcMemory& operator=(const IpcMemory&) = delete;
-  ~IpcMemory();  // close()
+  ~IpcMemory();  // close(), then unmaps
 
   MemoryDevice device() const noexcept;
   std::size_t data_nbytes() const noexcept;
@@ -95,8 +95,10 @@ class IpcMemory {
   // (host: the segment owner's process identity). Costs a /proc read per peer.
   void check_peers_alive() const;
 
-  // Unmaps every region (host: detaches; CUDA: closes handles, frees). Pointers
-  // become invalid. Idempotent; never throws.
+  // Ends this rank's use: host segments are detached (and unlinked) but stay
+  // mapped until destruction, so views made earlier never dangle; CUDA handles
+  // are closed and the allocation freed. The public vectors are cleared to
+  // null pointers. Idempotent; never throws.
   void close() noexcept;
 
   struct Backing;  // host segments or CUDA allocations (ipc_memory.cc, ipc_memory_cuda.cc)
@@ -106,6 +108,7 @@ class IpcMemory {
   void check_rank_arguments(int rank, int world_size) const;
 
   std::unique_ptr<Backing> backing_;
+  std::unique_ptr<Backing> retired_;  // closed, still mapped until destruction
   std::vector<sync::EventCount*> wake_;
   std::size_t data_nbytes_ = 0;
 };
