@@ -4,7 +4,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <string>
+
 #include "tensorxfer/common/tensor_view.h"
+#include "tensorxfer/sync/wait_hook.h"
 
 namespace tensorxfer::bindings {
 
@@ -23,11 +27,36 @@ struct PyTensorView {
 // errors. Throws TypeMismatch for objects that are neither.
 PyTensorView make_view(const py::handle& object, const std::string& argument);
 
+// ---- waits (waits.cc) ----------------------------------------------------------
+// Every binding that blocks releases the GIL and passes python_signal_check()
+// as the wait's hook, and reads its `timeout` argument with wait_timeout().
+
+// Call with the GIL held, before releasing it for a wait. Returns the hook for
+// that wait: every kWatchSlice (sync/futex.h) it takes the GIL, runs
+// PyErr_CheckSignals() and, if a handler raised (KeyboardInterrupt on Ctrl-C),
+// throws py::error_already_set, which ends the wait with nothing claimed and
+// reaches Python as that exception. Python runs signal handlers only in the
+// main thread, so on any other thread the hook is empty (never takes the GIL).
+sync::WaitHook python_signal_check();
+
+// The package-wide meaning of a wait's `timeout` (Python seconds):
+//   None                  -> no deadline: kNoDeadline (the wait still watches
+//                            peers and Ctrl-C);
+//   a real number x >= 0  -> x seconds (0: try once; +inf or > ~292 years:
+//                            kNoDeadline);
+//   anything else         -> TypeMismatch (TypeError), NaN or x < 0 ->
+//                            InvalidArgument (ValueError), both naming
+//                            `operation`'s `timeout` and what it got.
+inline constexpr std::chrono::nanoseconds kNoDeadline = std::chrono::nanoseconds::max();
+std::chrono::nanoseconds wait_timeout(const py::handle& timeout, const std::string& operation);
+
+void bind_waits(py::module_& module);  // tensorxfer._core.check_timeout (the same rules for Python waits)
 void bind_common(py::module_& module);
 void bind_memory(py::module_& module);
 void bind_runtime(py::module_& module);
 void bind_copy(py::module_& module);
 void bind_ipc(py::module_& module);
 void bind_collectives(py::module_& module);
+void bind_resharding(py::module_& module);
 
 }  // namespace tensorxfer::bindings

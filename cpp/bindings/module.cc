@@ -6,11 +6,13 @@ PYBIND11_MODULE(_core, module) {
   module.doc() = "tensorxfer native core (C++); use the tensorxfer package, not this module";
   module.attr("__version__") = TENSORXFER_VERSION;
   bind_common(module);
+  bind_waits(module);
   bind_memory(module);
   bind_runtime(module);
   bind_copy(module);
   bind_ipc(module);
   bind_collectives(module);
+  bind_resharding(module);
 }
 
 }  // namespace tensorxfer::bindings

@@ -146,20 +146,26 @@ ShmSegment ShmSegment::create(std::size_t payload_nbytes, uint32_t kind_tag) {
   ShmSegment segment;
   segment.name_ = name;
   segment.created_ = true;
+  segment.file_ = sync::ProcessLocalFd(std::move(fd));
   segment.user_pid_ = self.pid;
   segment.owner_ = self;
   segment.kind_tag_ = kind_tag;
   segment.payload_nbytes_ = payload_nbytes;
   try {
+    const int file = segment.file_.get();
+    // Before the header is valid: whoever can validate it also finds the lock held.
+    std::optional<sync::LivenessLock> creator = sync::LivenessLock::try_hold(file, kSegmentCreatorParticipant);
+    if (!creator) throw SystemError("liveness lock of new segment " + name + " is already held", EBUSY);
+    segment.creator_lock_ = std::move(*creator);
     // The umask may have narrowed the mode; make it exactly 0600.
-    if (::fchmod(fd.get(), 0600) != 0) throw_system_error("fchmod(" + name + ", 0600)");
-    if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) throw_system_error("ftruncate(" + name + ")");
+    if (::fchmod(file, 0600) != 0) throw_system_error("fchmod(" + name + ", 0600)");
+    if (::ftruncate(file, static_cast<off_t>(total)) != 0) throw_system_error("ftruncate(" + name + ")");
     // Reserve the pages now: on a full /dev/shm this fails with ENOSPC instead of a later SIGBUS.
-    const int reserve_error = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(total));
+    const int reserve_error = ::posix_fallocate(file, 0, static_cast<off_t>(total));
     if (reserve_error != 0 && reserve_error != EOPNOTSUPP && reserve_error != EINVAL) {
       throw SystemError("posix_fallocate(" + name + ", " + std::to_string(total) + " bytes)", reserve_error);
     }
-    void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, file, 0);
     if (base == MAP_FAILED) throw_system_error("mmap(" + name + ")");
     segment.base_ = static_cast<std::byte*>(base);
     segment.mapped_nbytes_ = total;
@@ -199,9 +205,10 @@ ShmSegment ShmSegment::attach(const std::string& name, uint32_t expected_kind) {
   SegmentHeader header{};
   TENSORXFER_CHECK(CorruptSegment, read_header(fd.get(), header), context, ": cannot read the header");
   validate_segment_header(header, file_nbytes, expected_kind, context);
-  if (!sync::is_alive(header.owner)) {
+  // A valid header was written after the creator took its lock: not held now means gone.
+  if (!sync::liveness_held(fd.get(), kSegmentCreatorParticipant)) {
     shm_unlink_quietly(full);
-    throw PeerLost(context + ": its creator (" + header.owner.describe() + ") has exited");
+    throw PeerLost(context + ": its creator (" + header.owner.describe() + ") has exited or detached");
   }
 
   ShmSegment segment;
@@ -214,6 +221,7 @@ ShmSegment ShmSegment::attach(const std::string& name, uint32_t expected_kind) {
   if (base == MAP_FAILED) throw_system_error("mmap(" + full + ")");
   segment.base_ = static_cast<std::byte*>(base);
   segment.mapped_nbytes_ = file_nbytes;
+  segment.file_ = sync::ProcessLocalFd(std::move(fd));
 
   auto& count = reinterpret_cast<SegmentHeader*>(segment.base_)->attach_count;
   // acquire: pairs with the release of create(); a zero count means the last
@@ -235,6 +243,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     detach();
     release_mapping();
     name_ = std::move(other.name_);
+    file_ = std::move(other.file_);
+    creator_lock_ = std::move(other.creator_lock_);
     base_ = std::exchange(other.base_, nullptr);
     mapped_nbytes_ = std::exchange(other.mapped_nbytes_, 0);
     payload_nbytes_ = std::exchange(other.payload_nbytes_, 0);
@@ -263,7 +273,31 @@ void ShmSegment::release_mapping() noexcept {
 
 bool ShmSegment::is_creator() const noexcept { return created_ && ::getpid() == owner_.pid; }
 
-bool ShmSegment::owner_alive() const noexcept { return sync::is_alive(owner_); }
+bool ShmSegment::owner_alive() const noexcept {
+  if (creator_lock_.held()) return true;  // we are the creator and have not detached
+  if (!file_.valid()) return true;        // a fork()ed child's copy (or moved from): cannot tell
+  try {
+    return sync::liveness_held(file_.get(), kSegmentCreatorParticipant);
+  } catch (...) {
+    return true;  // the kernel would not say: never report an unknown as gone
+  }
+}
+
+int ShmSegment::liveness_fd(const char* operation, uint32_t participant) const {
+  TENSORXFER_CHECK(InvalidArgument, participant != kSegmentCreatorParticipant, "ShmSegment::", operation,
+                   ": participant ", kSegmentCreatorParticipant, " is the segment's creator; use 1 and up");
+  TENSORXFER_CHECK(InvalidArgument, file_.valid(), "ShmSegment::", operation, "(", name_,
+                   "): this object has no file here (moved from, or a fork()ed child's copy)");
+  return file_.get();
+}
+
+std::optional<sync::LivenessLock> ShmSegment::try_hold_liveness(uint32_t participant) const {
+  return sync::LivenessLock::try_hold(liveness_fd("try_hold_liveness", participant), participant);
+}
+
+bool ShmSegment::participant_alive(uint32_t participant) const {
+  return sync::liveness_held(liveness_fd("participant_alive", participant), participant);
+}
 
 uint32_t ShmSegment::attach_count() const noexcept {
   if (base_ == nullptr) return 0;
@@ -279,6 +313,7 @@ void ShmSegment::detach() noexcept {
   // acq_rel: our writes to the segment happen-before whoever sees zero and unlinks.
   const uint32_t before = count.fetch_sub(1, std::memory_order_acq_rel);
   if (before <= 1 || is_creator() || !owner_alive()) unlink();
+  creator_lock_.release();  // after unlinking: nobody sweeps a name we still mean to remove
 }
 
 void ShmSegment::unlink() noexcept {
@@ -309,7 +344,13 @@ std::size_t sweep_stale_segments() noexcept {
     } catch (...) {
       continue;  // not ours, or not a format we know: never remove it
     }
-    if (sync::is_alive(header.owner)) continue;
+    bool creator_holds_lock = true;
+    try {
+      creator_holds_lock = sync::liveness_held(fd.get(), kSegmentCreatorParticipant);
+    } catch (...) {
+      continue;  // the kernel would not say: leave it
+    }
+    if (creator_holds_lock) continue;
     if (::shm_unlink(("/" + std::string(entry->d_name)).c_str()) == 0) ++removed;
   }
   ::closedir(directory);

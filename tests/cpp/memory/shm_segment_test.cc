@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -21,6 +22,7 @@ namespace tensorxfer::memory {
 namespace {
 
 using tensorxfer::testing::fork_child;
+using tensorxfer::testing::fork_in_new_pid_namespace;
 using tensorxfer::testing::shm_name_exists;
 using tensorxfer::testing::wait_exit_code;
 
@@ -289,6 +291,68 @@ TEST(ShmSegmentTest, CreateSweepsStaleSegments) {
   ASSERT_TRUE(shm_name_exists(stale));
   ShmSegment fresh = ShmSegment::create(64, kTestKind);
   EXPECT_FALSE(shm_name_exists(stale));
+}
+
+TEST(ShmSegmentTest, LayersAboveRegisterParticipantsInTheSegment) {
+  ShmSegment segment = ShmSegment::create(64, kTestKind);
+  ShmSegment attached = ShmSegment::attach(segment.name(), kTestKind);
+  EXPECT_FALSE(segment.participant_alive(1));
+  std::optional<sync::LivenessLock> one = attached.try_hold_liveness(1);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_TRUE(segment.participant_alive(1));
+  EXPECT_TRUE(attached.participant_alive(1));
+  EXPECT_FALSE(segment.try_hold_liveness(1).has_value());  // taken by a live holder
+  EXPECT_FALSE(segment.participant_alive(2));
+  EXPECT_THROW((void)segment.try_hold_liveness(kSegmentCreatorParticipant), InvalidArgument);
+  EXPECT_THROW((void)segment.participant_alive(kSegmentCreatorParticipant), InvalidArgument);
+  one->release();
+  EXPECT_FALSE(segment.participant_alive(1));
+}
+
+TEST(ShmSegmentTest, ACreatorThatDetachedIsGoneForTheOthers) {
+  ShmSegment segment = ShmSegment::create(64, kTestKind);
+  ShmSegment attached = ShmSegment::attach(segment.name(), kTestKind);
+  EXPECT_TRUE(segment.owner_alive());
+  EXPECT_TRUE(attached.owner_alive());
+  segment.detach();
+  EXPECT_FALSE(attached.owner_alive());
+}
+
+// Containers of one pod share /dev/shm but not PIDs: a creator in another PID
+// namespace must stay alive to us, and its segments must survive our sweeps.
+TEST(ShmSegmentTest, ACreatorInAnotherPidNamespaceIsAliveUntilKilled) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const auto child = fork_in_new_pid_namespace([&] {
+    ShmSegment segment = ShmSegment::create(64, kTestKind);
+    char name[128] = {};
+    std::strncpy(name, segment.name().c_str(), sizeof(name) - 1);
+    if (::write(pipe_fds[1], name, sizeof(name)) != sizeof(name)) return 1;
+    ::pause();  // killed by the parent: no cleanup runs
+    return 0;
+  });
+  ::close(pipe_fds[1]);
+  if (!child.skip_reason.empty()) {
+    ::close(pipe_fds[0]);
+    GTEST_SKIP() << "needs a new PID namespace: " << child.skip_reason;
+  }
+  char name[128] = {};
+  const ssize_t got = ::read(pipe_fds[0], name, sizeof(name));
+  ::close(pipe_fds[0]);
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof(name)));
+  EXPECT_EQ(std::string(name).rfind("/tensorxfer-1-", 0), 0u) << name << ": the creator is pid 1 in its namespace";
+  (void)sweep_stale_segments();
+  EXPECT_TRUE(shm_name_exists(name)) << "the sweep removed a live creator's segment";
+  std::optional<ShmSegment> attached;
+  EXPECT_NO_THROW(attached.emplace(ShmSegment::attach(name, kTestKind)));
+  ASSERT_TRUE(attached.has_value());
+  EXPECT_TRUE(attached->owner_alive());
+  EXPECT_EQ(attached->owner().pid, 1);
+  ::kill(child.inner, SIGKILL);
+  EXPECT_EQ(wait_exit_code(child.outer), 128 + SIGKILL);
+  EXPECT_FALSE(attached->owner_alive());
+  EXPECT_GE(sweep_stale_segments(), 1u);
+  EXPECT_FALSE(shm_name_exists(name));
 }
 
 TEST(ShmSegmentTest, KindTagNames) {

@@ -1,11 +1,14 @@
 // Helpers for tests that fork real processes and look at /dev/shm.
 #pragma once
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -43,6 +46,55 @@ inline int wait_exit_code(pid_t pid) {
 inline bool shm_name_exists(const std::string& name) {
   struct stat info {};
   return ::stat(("/dev/shm" + name).c_str(), &info) == 0;
+}
+
+// A process running in a PID namespace of its own (as a container's processes
+// do): `inner` is its pid as this process sees it (it sees itself as pid 1);
+// `outer` is the helper that created the namespace and exits with inner's
+// exit code. skip_reason is set (and both pids are 0) when this machine does
+// not allow a new PID namespace (unshare needs CAP_SYS_ADMIN).
+struct NamespacedChild {
+  pid_t outer = 0;
+  pid_t inner = 0;
+  std::string skip_reason;
+};
+
+// Runs `body` (returning its exit code) in a new PID namespace. The body sees
+// getpid() == 1; it leaves with _exit, as in fork_child.
+template <typename Body>
+NamespacedChild fork_in_new_pid_namespace(Body body) {
+  int report[2];
+  NamespacedChild child;
+  if (::pipe(report) != 0) {
+    child.skip_reason = std::string("pipe: ") + std::strerror(errno);
+    return child;
+  }
+  const pid_t outer = fork_child([&] {
+    ::close(report[0]);
+    long message = 0;
+    if (::unshare(CLONE_NEWPID) != 0) {
+      message = -static_cast<long>(errno);
+      (void)!::write(report[1], &message, sizeof(message));
+      return 0;
+    }
+    const pid_t inner = fork_child(body);  // the first child in the namespace: its pid 1
+    message = inner;
+    (void)!::write(report[1], &message, sizeof(message));
+    return wait_exit_code(inner);
+  });
+  ::close(report[1]);
+  long message = 0;
+  const bool got = ::read(report[0], &message, sizeof(message)) == static_cast<ssize_t>(sizeof(message));
+  ::close(report[0]);
+  if (!got || message <= 0) {
+    child.skip_reason = got ? std::string("unshare(CLONE_NEWPID) failed: ") + std::strerror(static_cast<int>(-message))
+                            : std::string("the namespace helper died");
+    (void)wait_exit_code(outer);
+    return child;
+  }
+  child.outer = outer;
+  child.inner = static_cast<pid_t>(message);
+  return child;
 }
 
 }  // namespace tensorxfer::testing

@@ -8,12 +8,20 @@
 // Naming and permissions: "/tensorxfer-<pid>-<32 hex digits from getrandom>",
 // created with O_CREAT|O_EXCL, mode 0600.
 //
+// Liveness (sync/liveness_lock.h): the creator holds participant 0's liveness
+// lock on the segment's file from before the header is valid until it detaches
+// (or dies). "The creator is gone" is read from that lock, never from its pid,
+// so it holds across PID namespaces (containers sharing /dev/shm). Layers
+// above register their own participants (1, 2, ...) in the same file with
+// try_hold_liveness() / participant_alive(). The pid+start time in the header
+// (owner) is kept for messages only.
+//
 // Unlinking (so /dev/shm holds nothing afterwards):
 //  * the creator unlinks when its object detaches, in the creating process only
 //    (a fork()ed child's copy never unlinks);
 //  * any user that detaches and finds the attach count at zero, or the creator
-//    dead, unlinks;
-//  * create() first sweeps /dev/shm for tensorxfer segments whose creator is dead.
+//    gone, unlinks;
+//  * create() first sweeps /dev/shm for tensorxfer segments whose creator is gone.
 // Unlinking only removes the name: processes that still map the segment keep
 // using it until they unmap.
 #pragma once
@@ -23,13 +31,20 @@
 #include <string>
 #include <type_traits>
 
+#include <optional>
+
+#include "tensorxfer/sync/liveness_lock.h"
 #include "tensorxfer/sync/peer_liveness.h"
+#include "tensorxfer/sync/process_local_fd.h"
 #include "tensorxfer/sync/shared_word.h"
 
 namespace tensorxfer::memory {
 
 inline constexpr uint64_t kSegmentMagic = 0x544E454D47455358ull;  // "XSEGMENT" little-endian
-inline constexpr uint32_t kSegmentLayoutVersion = 1;
+// 2: the creator's liveness is a lock on participant 0 (version 1 used its pid).
+inline constexpr uint32_t kSegmentLayoutVersion = 2;
+// The liveness participant number the creator holds; layers above use 1 and up.
+inline constexpr uint32_t kSegmentCreatorParticipant = 0;
 inline constexpr std::size_t kSegmentHeaderBytes = 4096;
 inline constexpr const char* kSegmentNamePrefix = "tensorxfer-";
 
@@ -51,7 +66,7 @@ struct SegmentHeader {
   uint64_t header_nbytes;
   uint64_t payload_nbytes;
   uint64_t total_nbytes;  // header_nbytes + payload_nbytes == file size
-  sync::ProcessIdentity owner;
+  sync::ProcessIdentity owner;  // diagnostics only: liveness is the creator's lock
   uint64_t immutable_checksum;  // FNV-1a over the bytes before it
   // Mutable.
   sync::SharedWord32 attach_count;  // live attachments, creator included
@@ -82,7 +97,8 @@ class ShmSegment {
   // Throws InvalidArgument for a name that is not a tensorxfer segment name,
   // SystemError (ENOENT) when it does not exist or is being removed,
   // CorruptSegment when size or header fail validation or the kind differs,
-  // PeerLost when its creator has exited (the segment is then unlinked).
+  // PeerLost when its creator is gone (no longer holds its liveness lock; the
+  // segment is then unlinked).
   static ShmSegment attach(const std::string& name, uint32_t expected_kind);
 
   ShmSegment(ShmSegment&& other) noexcept;
@@ -97,11 +113,26 @@ class ShmSegment {
   std::byte* payload() const noexcept { return base_ == nullptr ? nullptr : base_ + kSegmentHeaderBytes; }
   std::size_t payload_nbytes() const noexcept { return payload_nbytes_; }
   uint32_t kind_tag() const noexcept { return kind_tag_; }
-  // Validated copy taken at create/attach.
+  // Validated copy taken at create/attach (diagnostics: the pid is the one the
+  // creator saw in its own PID namespace).
   const sync::ProcessIdentity& owner() const noexcept { return owner_; }
   // True in the process that created the segment (false in a fork()ed child).
   bool is_creator() const noexcept;
+  // True while the creator holds its liveness lock (it has neither detached nor
+  // died), in whatever PID namespace it runs. Also true when it cannot be told
+  // (in a fork()ed child's copy, or if the kernel refuses to answer): an
+  // unknown is never reported as gone.
   bool owner_alive() const noexcept;
+
+  // Liveness of the participants a layer above registers in this segment's
+  // file (participant >= 1; 0 is the creator). try_hold_liveness takes
+  // participant `participant`'s lock, or returns nullopt while another holder
+  // (any process, or another object of this one) has it. participant_alive
+  // says whether anyone holds it now. Both throw InvalidArgument for
+  // participant 0 or in a fork()ed child's copy, SystemError from the kernel.
+  // See sync/liveness_lock.h for the contract.
+  [[nodiscard]] std::optional<sync::LivenessLock> try_hold_liveness(uint32_t participant) const;
+  [[nodiscard]] bool participant_alive(uint32_t participant) const;
   bool is_mapped() const noexcept { return base_ != nullptr; }
   bool is_detached() const noexcept { return detached_; }
   // Current attach count (diagnostics and tests).
@@ -118,8 +149,11 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   void release_mapping() noexcept;
+  int liveness_fd(const char* operation, uint32_t participant) const;
 
   std::string name_;
+  sync::ProcessLocalFd file_;          // the segment's file; no lock is taken through it
+  sync::LivenessLock creator_lock_;    // held by the creator until it detaches
   std::byte* base_ = nullptr;
   std::size_t mapped_nbytes_ = 0;
   std::size_t payload_nbytes_ = 0;
@@ -132,8 +166,10 @@ class ShmSegment {
 };
 
 // Removes /dev/shm/tensorxfer-* segments whose header is valid and whose
-// creator has exited. Leaves alone anything it cannot validate, anything of a
-// live process and anything owned by another user. Returns how many it removed.
+// creator no longer holds its liveness lock. Leaves alone anything it cannot
+// validate (other layout versions included), anything whose creator holds its
+// lock (in any PID namespace), anything whose liveness the kernel will not
+// report, and anything owned by another user. Returns how many it removed.
 std::size_t sweep_stale_segments() noexcept;
 
 }  // namespace tensorxfer::memory

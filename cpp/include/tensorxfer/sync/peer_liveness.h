@@ -5,6 +5,12 @@
 // (field 22 of /proc/<pid>/stat, clock ticks since boot), which a reused pid
 // does not share. The struct is trivially copyable and holds no pointers so it
 // can live in shared memory.
+//
+// Limits: a pid is only meaningful inside one PID namespace. A process in
+// another namespace (a container sharing /dev/shm but not PIDs) records a pid
+// that means nothing (or someone else) here, so is_alive() calls it dead. Use
+// it for messages and for processes known to share our namespace (our own
+// children); judge peers across processes with sync/liveness_lock.h.
 #pragma once
 
 #include <sys/types.h>

@@ -1,0 +1,30 @@
+// Step 4 of the schedule: place batches into iterations so that in any one
+// iteration no rank sends twice and no rank receives twice.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensorxfer/resharding/transfer_task.h"
+
+namespace tensorxfer::resharding {
+
+struct Schedule {
+  std::vector<ScheduledBatch> batches;  // ordered by (iteration, src_rank)
+  uint32_t num_iterations = 0;
+};
+
+// Greedy placement: batches in order of decreasing total_nbytes (ties:
+// src_rank, dest_rank, batch_index) each go to the earliest iteration in which
+// neither their source is already sending nor their destination already
+// receiving. Deterministic. Throws InvalidArgument for a batch whose ranks
+// are outside [0, world_size) or equal (same-rank moves are not scheduled).
+Schedule schedule_batches(std::vector<ScheduledBatch> batches, int world_size);
+
+// The whole pipeline: match_tasks, segment_tasks, pack_segments,
+// schedule_batches. Every rank calls it with the same all-gathered input and
+// gets the same schedule.
+Schedule build_schedule(const std::vector<TaskEndpoint>& sends, const std::vector<TaskEndpoint>& receives,
+                        int world_size, const BatchLimits& limits);
+
+}  // namespace tensorxfer::resharding

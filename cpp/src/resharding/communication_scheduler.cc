@@ -1,0 +1,68 @@
+#include "tensorxfer/resharding/communication_scheduler.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
+#include "tensorxfer/resharding/task_matcher.h"
+#include "tensorxfer/resharding/workload_packer.h"
+
+namespace tensorxfer::resharding {
+namespace {
+
+// Which iterations a rank already sends (or receives) in.
+class BusyIterations {
+ public:
+  bool busy(uint32_t iteration) const noexcept { return iteration < busy_.size() && busy_[iteration]; }
+  void mark(uint32_t iteration) {
+    if (iteration >= busy_.size()) busy_.resize(iteration + 1, false);
+    busy_[iteration] = true;
+  }
+
+ private:
+  std::vector<bool> busy_;
+};
+
+}  // namespace
+
+Schedule schedule_batches(std::vector<ScheduledBatch> batches, int world_size) {
+  TENSORXFER_CHECK(InvalidArgument, world_size >= 1, "world_size must be >= 1, got ", world_size);
+  for (const ScheduledBatch& batch : batches) {
+    const bool in_range = batch.src_rank >= 0 && batch.src_rank < world_size && batch.dest_rank >= 0 &&
+                          batch.dest_rank < world_size;
+    TENSORXFER_CHECK(InvalidArgument, in_range && batch.src_rank != batch.dest_rank, "batch ", batch.batch_index,
+                     " goes rank ", batch.src_rank, " -> ", batch.dest_rank,
+                     ", expected two different ranks in [0, ", world_size, ")");
+  }
+  std::sort(batches.begin(), batches.end(), [](const ScheduledBatch& a, const ScheduledBatch& b) {
+    if (a.total_nbytes != b.total_nbytes) return a.total_nbytes > b.total_nbytes;
+    return std::tie(a.src_rank, a.dest_rank, a.batch_index) < std::tie(b.src_rank, b.dest_rank, b.batch_index);
+  });
+  std::vector<BusyIterations> sending(static_cast<std::size_t>(world_size));
+  std::vector<BusyIterations> receiving(static_cast<std::size_t>(world_size));
+  Schedule schedule;
+  for (ScheduledBatch& batch : batches) {
+    BusyIterations& source = sending[static_cast<std::size_t>(batch.src_rank)];
+    BusyIterations& destination = receiving[static_cast<std::size_t>(batch.dest_rank)];
+    uint32_t iteration = 0;
+    while (source.busy(iteration) || destination.busy(iteration)) ++iteration;
+    source.mark(iteration);
+    destination.mark(iteration);
+    batch.iteration = iteration;
+    schedule.num_iterations = std::max(schedule.num_iterations, iteration + 1);
+  }
+  std::sort(batches.begin(), batches.end(), [](const ScheduledBatch& a, const ScheduledBatch& b) {
+    return std::tie(a.iteration, a.src_rank) < std::tie(b.iteration, b.src_rank);
+  });
+  schedule.batches = std::move(batches);
+  return schedule;
+}
+
+Schedule build_schedule(const std::vector<TaskEndpoint>& sends, const std::vector<TaskEndpoint>& receives,
+                        int world_size, const BatchLimits& limits) {
+  const std::vector<MatchedTask> tasks = match_tasks(sends, receives, world_size);
+  return schedule_batches(pack_segments(segment_tasks(tasks, limits), limits), world_size);
+}
+
+}  // namespace tensorxfer::resharding
