@@ -25,14 +25,6 @@ using collectives::Communicator;
 using collectives::IpcMemory;
 using collectives::MemoryDevice;
 
-std::chrono::nanoseconds timeout_argument(const std::optional<double>& seconds, const char* operation) {
-  if (!seconds) return Communicator::kNoTimeout;
-  TENSORXFER_CHECK(InvalidArgument, !std::isnan(*seconds) && *seconds >= 0.0, operation,
-                   ": timeout must be None or a number of seconds >= 0, got ", *seconds);
-  if (std::isinf(*seconds) || *seconds > 1e9) return Communicator::kNoTimeout;
-  return std::chrono::nanoseconds(static_cast<int64_t>(*seconds * 1e9));
-}
-
 MemoryDevice device_argument(const std::string& device) {
   if (device == "cpu") return MemoryDevice::kHost;
   if (device == "cuda") return MemoryDevice::kCuda;
@@ -57,7 +49,8 @@ void require_rank(int rank, int world, const char* operation) {
                    "), got ", rank);
 }
 
-// A Communicator plus the Python callable checked (with the GIL) while it waits.
+// A Communicator plus the Python callable (the group's check_peers) run, with
+// the GIL, every wait slice after the Ctrl-C check.
 class PyCommunicator {
  public:
   PyCommunicator(IpcMemory& memory, std::size_t max_bytes, std::size_t buffer_bytes, py::object peer_check,
@@ -67,12 +60,17 @@ class PyCommunicator {
                               : std::chrono::nanoseconds(-1);
     native_ = std::make_unique<Communicator>(std::move(memory), max_bytes, buffer_bytes, std::function<void()>{},
                                              spin);
-    // Runs every wait slice with the GIL released around it: take the GIL,
-    // turn a pending signal (Ctrl-C) into its exception, run the peer check.
-    hook_ = [this] {
+  }
+
+  // Call with the GIL held (python_signal_check looks at the calling thread).
+  sync::WaitHook hook() const {
+    sync::WaitHook signals = python_signal_check();
+    if (peer_check_.is_none()) return signals;
+    const PyCommunicator* self = this;  // outlives the call: the caller holds the Python object
+    return [signals = std::move(signals), self] {
+      if (signals) signals();
       py::gil_scoped_acquire gil;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (!peer_check_.is_none()) peer_check_();
+      self->peer_check_();
     };
   }
 
@@ -80,12 +78,10 @@ class PyCommunicator {
     TENSORXFER_CHECK(InvalidArgument, native_ != nullptr, "Communicator: closed");
     return *native_;
   }
-  const sync::WaitHook& hook() const { return hook_; }
 
  private:
   py::object peer_check_;
   std::unique_ptr<Communicator> native_;
-  sync::WaitHook hook_;
 };
 
 // Runs `body` (a collective) with the GIL released.
@@ -160,52 +156,57 @@ void bind_collectives(py::module_& module) {
       .def(
           "all_reduce",
           [](PyCommunicator& self, const py::handle& tensor, const std::string& op, const std::string& algorithm,
-             std::optional<double> timeout) {
+             const py::handle& timeout) {
             const PyTensorView view = make_view(tensor, "tensor");
             const auto reduce_op = collectives::parse_reduce_op(op);
             const auto chosen = collectives::parse_algorithm(algorithm);
-            const auto wait = timeout_argument(timeout, "all_reduce");
+            const auto wait = wait_timeout(timeout, "Communicator.all_reduce");
             Communicator& native = self.native();
-            without_gil([&] { native.all_reduce(view.view, reduce_op, chosen, wait, self.hook()); });
+            const sync::WaitHook hook = self.hook();
+            without_gil([&] { native.all_reduce(view.view, reduce_op, chosen, wait, hook); });
           },
           py::arg("tensor"), py::arg("op") = "sum", py::arg("algorithm") = "auto", py::arg("timeout") = py::none())
       .def(
           "all_gather",
-          [](PyCommunicator& self, const py::handle& output, const py::handle& input, std::optional<double> timeout) {
+          [](PyCommunicator& self, const py::handle& output, const py::handle& input, const py::handle& timeout) {
             const PyTensorView out = make_view(output, "output");
             const PyTensorView in = make_view(input, "input");
-            const auto wait = timeout_argument(timeout, "all_gather");
+            const auto wait = wait_timeout(timeout, "Communicator.all_gather");
             Communicator& native = self.native();
-            without_gil([&] { native.all_gather(out.view, in.view, wait, self.hook()); });
+            const sync::WaitHook hook = self.hook();
+            without_gil([&] { native.all_gather(out.view, in.view, wait, hook); });
           },
           py::arg("output"), py::arg("input"), py::arg("timeout") = py::none())
       .def(
           "reduce_scatter",
           [](PyCommunicator& self, const py::handle& output, const py::handle& input, const std::string& op,
-             std::optional<double> timeout) {
+             const py::handle& timeout) {
             const PyTensorView out = make_view(output, "output");
             const PyTensorView in = make_view(input, "input");
             const auto reduce_op = collectives::parse_reduce_op(op);
-            const auto wait = timeout_argument(timeout, "reduce_scatter");
+            const auto wait = wait_timeout(timeout, "Communicator.reduce_scatter");
             Communicator& native = self.native();
-            without_gil([&] { native.reduce_scatter(out.view, in.view, reduce_op, wait, self.hook()); });
+            const sync::WaitHook hook = self.hook();
+            without_gil([&] { native.reduce_scatter(out.view, in.view, reduce_op, wait, hook); });
           },
           py::arg("output"), py::arg("input"), py::arg("op") = "sum", py::arg("timeout") = py::none())
       .def(
           "broadcast",
-          [](PyCommunicator& self, const py::handle& tensor, int src, std::optional<double> timeout) {
+          [](PyCommunicator& self, const py::handle& tensor, int src, const py::handle& timeout) {
             const PyTensorView view = make_view(tensor, "tensor");
-            const auto wait = timeout_argument(timeout, "broadcast");
+            const auto wait = wait_timeout(timeout, "Communicator.broadcast");
             Communicator& native = self.native();
-            without_gil([&] { native.broadcast(view.view, src, wait, self.hook()); });
+            const sync::WaitHook hook = self.hook();
+            without_gil([&] { native.broadcast(view.view, src, wait, hook); });
           },
           py::arg("tensor"), py::arg("src"), py::arg("timeout") = py::none())
       .def(
           "barrier",
-          [](PyCommunicator& self, std::optional<double> timeout) {
-            const auto wait = timeout_argument(timeout, "barrier");
+          [](PyCommunicator& self, const py::handle& timeout) {
+            const auto wait = wait_timeout(timeout, "Communicator.barrier");
             Communicator& native = self.native();
-            without_gil([&] { native.barrier(wait, self.hook()); });
+            const sync::WaitHook hook = self.hook();
+            without_gil([&] { native.barrier(wait, hook); });
           },
           py::arg("timeout") = py::none())
       .def(
