@@ -236,16 +236,20 @@ void Communicator::all_reduce(const TensorView& tensor, ReduceOp op, Algorithm a
   const std::size_t nbytes = count * element;
   Call call(*this, "all_reduce", timeout, hook);
   auto* data = static_cast<std::byte*>(tensor.data);
-  std::byte* own_buffer = buffer(rank());
-  const bool in_buffer = nbytes > 0 && data >= own_buffer && data + nbytes <= own_buffer + buffer_nbytes_;
   if (algorithm == Algorithm::kAuto) algorithm = choose_algorithm(nbytes, world_size());
+  // A tensor in the zero-copy buffer skips the copy in, which pays for the
+  // two-shot algorithm; one-shot copies it in like any tensor (the copy is
+  // small, and it saves the end barrier the buffer would need).
+  std::byte* own_buffer = buffer(rank());
+  const bool in_buffer = algorithm == Algorithm::kTwoShot && nbytes > 0 && data >= own_buffer &&
+                         data + nbytes <= own_buffer + buffer_nbytes_;
   const uint64_t offset = in_buffer ? static_cast<uint64_t>(data - own_buffer) : 0;
   const OpDescriptor descriptor{encode_kind(Collective::kAllReduce, static_cast<uint32_t>(op),
                                             static_cast<uint32_t>(algorithm)),
                                 encode_dtype(tensor.dtype), nbytes, in_buffer ? offset + 1 : 0};
   run_operation("all_reduce", [&] {
     if (in_buffer) {
-      all_reduce_in_buffer(call, offset, count, type, op, algorithm, descriptor);
+      all_reduce_in_buffer(call, offset, count, type, op, descriptor);
     } else {
       all_reduce_staged(call, data, count, type, op, algorithm, descriptor);
     }
@@ -293,21 +297,12 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
 }
 
 void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::size_t count, ElementType type,
-                                        ReduceOp op, Algorithm algorithm, const OpDescriptor& descriptor) {
+                                        ReduceOp op, const OpDescriptor& descriptor) {
   const std::size_t element = element_size(type);
   const int world = world_size();
   const int me = rank();
   std::byte* mine = buffer(me) + offset;
   start_barrier(call, descriptor);
-  if (algorithm == Algorithm::kOneShot) {
-    // Peers read my buffer until the end barrier: reduce into scratch first.
-    scratch_.resize(count * element);
-    for (int r = 0; r < world; ++r) sources_[r] = buffer(r) + offset;
-    reduce_elements(type, op, sources_.data(), world, world, scratch_.data(), nullptr, count);
-    out_barrier(call, "end");
-    std::memcpy(mine, scratch_.data(), count * element);
-    return;
-  }
   // Reduce-scatter in place (only this rank reads its own slice), then gather.
   const auto [begin, end] = slice_of(me, world, count, element);
   for (int r = 0; r < world; ++r) sources_[r] = buffer(r) + offset + begin * element;

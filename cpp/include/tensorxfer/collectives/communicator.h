@@ -17,8 +17,9 @@
 // No end barrier is needed for the staging windows: a rank writes window w
 // again only two start barriers later, after every rank has arrived at the
 // start barrier in between, so nobody reads it any more (double-buffered
-// window). The zero-copy buffer has an end barrier, because the caller writes
-// it again as soon as the call returns.
+// window). A two-shot all-reduce of a tensor in the zero-copy buffer runs in
+// place there, with an end barrier, because the caller writes the buffer again
+// as soon as the call returns (one-shot copies it through a window instead).
 //
 // Results are bitwise identical on every rank: each element is reduced from
 // the ranks' values in rank order (reduce.h), whatever the algorithm or chunking.
@@ -122,8 +123,9 @@ class Communicator {
 
   void all_reduce_staged(Call& call, std::byte* data, std::size_t count, ElementType type, ReduceOp op,
                          Algorithm algorithm, const OpDescriptor& descriptor);
+  // Two-shot in place in the zero-copy buffer (no copy in; an end barrier).
   void all_reduce_in_buffer(Call& call, std::size_t offset, std::size_t count, ElementType type, ReduceOp op,
-                            Algorithm algorithm, const OpDescriptor& descriptor);
+                            const OpDescriptor& descriptor);
 
   IpcMemory memory_;
   std::size_t stage_nbytes_;
@@ -133,7 +135,6 @@ class Communicator {
   uint64_t sequence_ = 0;  // start barriers so far (window parity, descriptor slot)
   std::string broken_reason_;
   std::vector<const void*> sources_;     // per-rank pointers, reused
-  std::vector<std::byte> scratch_;       // one-shot result of a zero-copy all-reduce
   std::mutex mutex_;                     // one operation in flight
 };
 
