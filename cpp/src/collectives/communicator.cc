@@ -15,6 +15,11 @@ namespace {
 
 constexpr std::size_t kPage = 4096;
 
+// memcpy that accepts empty tensors (whose data pointer may be null).
+inline void copy_bytes(void* destination, const void* source, std::size_t nbytes) noexcept {
+  if (nbytes != 0) std::memcpy(destination, source, nbytes);
+}
+
 std::size_t round_up_page(std::size_t value) {
   TENSORXFER_CHECK(InvalidArgument, value <= std::numeric_limits<std::size_t>::max() - kPage,
                    "Communicator: size ", value, " overflows");
@@ -268,7 +273,7 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
     std::byte* chunk = data + done * element;
     std::byte* mine = window(me, sequence_);
     if (algorithm == Algorithm::kOneShot) {
-      std::memcpy(mine, chunk, n * element);
+      copy_bytes(mine, chunk, n * element);
       const uint64_t sequence = start_barrier(call, descriptor);
       for (int r = 0; r < world; ++r) sources_[r] = window(r, sequence);
       reduce_elements(type, op, sources_.data(), world, world, chunk, nullptr, n);
@@ -276,8 +281,8 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
       // Peer q reads only slice q of my window: my own slice stays in the
       // caller's tensor, which I reduce from directly.
       const auto [begin, end] = slice_of(me, world, n, element);
-      std::memcpy(mine, chunk, begin * element);
-      std::memcpy(mine + end * element, chunk + end * element, (n - end) * element);
+      copy_bytes(mine, chunk, begin * element);
+      copy_bytes(mine + end * element, chunk + end * element, (n - end) * element);
       const uint64_t sequence = start_barrier(call, descriptor);
       for (int r = 0; r < world; ++r) {
         sources_[r] = (r == me ? chunk : window(r, sequence)) + begin * element;
@@ -289,7 +294,7 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
       for (int r = 0; r < world; ++r) {
         if (r == me) continue;
         const auto [from, to] = slice_of(r, world, n, element);
-        std::memcpy(chunk + from * element, window(r, sequence) + from * element, (to - from) * element);
+        copy_bytes(chunk + from * element, window(r, sequence) + from * element, (to - from) * element);
       }
     }
     done += n;
@@ -311,7 +316,7 @@ void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::siz
   for (int r = 0; r < world; ++r) {
     if (r == me) continue;
     const auto [from, to] = slice_of(r, world, count, element);
-    std::memcpy(mine + from * element, buffer(r) + offset + from * element, (to - from) * element);
+    copy_bytes(mine + from * element, buffer(r) + offset + from * element, (to - from) * element);
   }
   out_barrier(call, "end");  // nobody reads my slice any more: the caller may write the buffer
 }
@@ -336,10 +341,10 @@ void Communicator::all_gather(const TensorView& output, const TensorView& input,
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(stage_nbytes_, nbytes - done);
-      std::memcpy(window(rank(), sequence_), in + done, n);
+      copy_bytes(window(rank(), sequence_), in + done, n);
       const uint64_t sequence = start_barrier(call, descriptor);
       for (int r = 0; r < world_size(); ++r) {
-        std::memcpy(out + static_cast<std::size_t>(r) * nbytes + done, window(r, sequence), n);
+        copy_bytes(out + static_cast<std::size_t>(r) * nbytes + done, window(r, sequence), n);
       }
       done += n;
     } while (done < nbytes);
@@ -371,7 +376,7 @@ void Communicator::reduce_scatter(const TensorView& output, const TensorView& in
       const std::size_t n = std::min(chunk_count, block - done);
       std::byte* mine = window(rank(), sequence_);
       for (std::size_t r = 0; r < world; ++r) {
-        std::memcpy(mine + r * n * element, in + (r * block + done) * element, n * element);
+        copy_bytes(mine + r * n * element, in + (r * block + done) * element, n * element);
       }
       const uint64_t sequence = start_barrier(call, descriptor);
       for (int r = 0; r < world_size(); ++r) {
@@ -397,9 +402,9 @@ void Communicator::broadcast(const TensorView& tensor, int root, std::chrono::na
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(stage_nbytes_, nbytes - done);
-      if (rank() == root) std::memcpy(window(rank(), sequence_), data + done, n);
+      if (rank() == root) copy_bytes(window(rank(), sequence_), data + done, n);
       const uint64_t sequence = start_barrier(call, descriptor);
-      if (rank() != root) std::memcpy(data + done, window(root, sequence), n);
+      if (rank() != root) copy_bytes(data + done, window(root, sequence), n);
       done += n;
     } while (done < nbytes);
   });

@@ -64,7 +64,7 @@ std::vector<std::byte> make_input(ElementType type, int rank, std::size_t count,
       case ElementType::kBFloat16: { const uint16_t h = float_to_bfloat16(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
       case ElementType::kFloat16: { const uint16_t h = float_to_float16(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
       case ElementType::kInt32: { const auto x = static_cast<int32_t>(integer_input(rank, i, seed)); std::memcpy(at, &x, 4); break; }
-      case ElementType::kInt64: { const auto x = static_cast<int64_t>(integer_input(rank, i, seed)) << 20; std::memcpy(at, &x, 8); break; }
+      case ElementType::kInt64: { const auto x = static_cast<int64_t>(integer_input(rank, i, seed)) * (int64_t{1} << 20); std::memcpy(at, &x, 8); break; }
     }
   }
   return bytes;
