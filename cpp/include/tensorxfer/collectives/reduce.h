@@ -9,7 +9,7 @@
 // rank count, truncated toward zero.
 #pragma once
 
-#include <dlpack/dlpack.h>
+#include "tensorxfer/common/dlpack.h"
 
 #include <cstddef>
 #include <cstdint>
