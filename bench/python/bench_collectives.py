@@ -233,7 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (1K, 64M, ...)")
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--max-bytes", type=int, default=1 << 20, help="tensorxfer chunk size")
+    parser.add_argument("--max-bytes", type=int, default=256 << 10, help="tensorxfer chunk size")
     parser.add_argument("--algorithm", default="auto", choices=["auto", "one_shot", "two_shot"])
     parser.add_argument("--quick", action="store_true", help="short loops (smoke test)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory for collectives.json / .png")
