@@ -112,7 +112,7 @@ def rank_main(args: argparse.Namespace) -> None:
         dist = dist_module
 
     group = make_group(comm)
-    txf = Communicator(group, max_bytes=args.max_bytes, buffer_bytes=largest, timeout=120)
+    txf = Communicator(group, max_bytes=args.max_bytes or None, buffer_bytes=largest, timeout=120)
     samples: dict[str, dict[str, list[float]]] = {}
     for nbytes in sizes:
         count = nbytes // 4
@@ -233,7 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (1K, 64M, ...)")
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--max-bytes", type=int, default=256 << 10, help="tensorxfer chunk size")
+    parser.add_argument("--max-bytes", type=int, default=0, help="tensorxfer chunk size (0: the Communicator default)")
     parser.add_argument("--algorithm", default="auto", choices=["auto", "one_shot", "two_shot"])
     parser.add_argument("--quick", action="store_true", help="short loops (smoke test)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory for collectives.json / .png")

@@ -24,13 +24,24 @@ a lost rank or a mismatch the communicator is unusable: make a new one.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from tensorxfer import _core
 from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory, exchange_and_map, typed_view
 
-#: Default bytes per chunk (each of the two staging windows per rank).
-DEFAULT_MAX_BYTES = 256 << 10  # staged chunks stay in L2 (bench_collectives.py: 256 KiB >= 1 MiB here)
+#: Default bytes per chunk (each of the two staging windows per rank): chunks
+#: stay in L2 (bench_collectives.py, 2 ranks: 256 KiB as fast as 1 MiB or faster).
+DEFAULT_MAX_BYTES = 256 << 10
+#: The default when ranks outnumber CPUs: every barrier may cost a context
+#: switch there, so fewer, larger chunks.
+DEFAULT_MAX_BYTES_OVERSUBSCRIBED = 1 << 20
+
+
+def default_max_bytes(world_size: int) -> int:
+    """The chunk size a Communicator of ``world_size`` ranks uses when none is given."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return DEFAULT_MAX_BYTES if world_size <= cpus else DEFAULT_MAX_BYTES_OVERSUBSCRIBED
 
 
 def _checked_size(value: Any, name: str) -> int:
@@ -42,7 +53,8 @@ def _checked_size(value: Any, name: str) -> int:
 class Communicator:
     """Collectives for the ranks of ``group``, over shared memory of this host.
 
-    ``max_bytes``: the chunk size (two staging windows of it per rank);
+    ``max_bytes``: the chunk size (two staging windows of it per rank;
+    default :func:`default_max_bytes`);
     ``buffer_bytes``: the zero-copy buffer (:meth:`buffer`; default
     ``max_bytes``); ``timeout``: for the construction exchange;
     ``spin_us``: how long waits spin before they sleep (default: chosen from
@@ -52,13 +64,15 @@ class Communicator:
     def __init__(
         self,
         group: GroupLike,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: Optional[int] = None,
         *,
         buffer_bytes: Optional[int] = None,
         timeout: Optional[float] = None,
         spin_us: Optional[float] = None,
     ) -> None:
         """Collective: every rank of ``group`` calls it with the same sizes."""
+        if max_bytes is None:
+            max_bytes = default_max_bytes(int(group.world_size))
         max_bytes = _checked_size(max_bytes, "max_bytes")
         buffer_bytes = max_bytes if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
         if spin_us is not None and not (0 <= float(spin_us) <= 1e6):
@@ -149,4 +163,4 @@ class Communicator:
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, max_bytes={self.max_bytes})"
 
 
-__all__ = ["Communicator", "DEFAULT_MAX_BYTES"]
+__all__ = ["Communicator", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_BYTES_OVERSUBSCRIBED", "default_max_bytes"]
