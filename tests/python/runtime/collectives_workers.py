@@ -279,3 +279,34 @@ def wait_in_all_reduce_until_peer_dies(group, victim: int, ready_directory: str,
     finally:
         comm.close()
     return "no error"
+
+
+def barrier_until_interrupted(directory: str, ready_path: str) -> int:
+    """Builds a 2-rank communicator (rank 1 on a helper thread, which then never
+    calls), waits in rank 0's barrier with no timeout; exits 42 on KeyboardInterrupt."""
+    import threading
+
+    from tensorxfer.runtime import Communicator
+
+    comms: list = [None, None]
+
+    def build(rank: int) -> None:
+        comms[rank] = Communicator(FileGroup(directory, rank, 2), max_bytes=4096, timeout=30)
+
+    helper = threading.Thread(target=build, args=(1,))
+    helper.start()
+    build(0)
+    helper.join()
+    open(ready_path, "w").close()
+    try:
+        comms[0].barrier(timeout=None)
+    except KeyboardInterrupt:
+        return 42
+    finally:
+        for comm in comms:
+            comm.close()
+    return 1
+
+
+def _exit_with(function, *args) -> None:
+    raise SystemExit(function(*args))

@@ -211,3 +211,25 @@ def test_bad_arguments_are_refused_clearly(tmp_path):
         np.testing.assert_array_equal(comm.all_reduce(x.copy(), op="avg"), x)
     finally:
         comm.close()
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_ends_a_wait_without_timeout(tmp_path):
+    ready = tmp_path / "ready"
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=workers._exit_with,
+                              args=(workers.barrier_until_interrupted, str(tmp_path), str(ready)))
+    process.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and process.is_alive(), "the rank did not get ready"
+            time.sleep(0.01)
+        time.sleep(0.2)  # inside the barrier
+        os.kill(process.pid, signal.SIGINT)
+        process.join(timeout=10)
+    finally:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    assert process.exitcode == 42
