@@ -17,8 +17,11 @@
 * :class:`Communicator` -- all_reduce / all_gather / reduce_scatter /
   broadcast / barrier among the ranks of one host over an IpcMemory.
 
-The stream, event and engine are native (``tensorxfer._core``) and release the GIL while they copy
-or wait.
+All are native (``tensorxfer._core``) and release the GIL while they copy,
+reduce or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+seconds, ``0`` to check once, ``None`` (the default) for no deadline; Ctrl-C
+interrupts any wait with ``KeyboardInterrupt`` (the stream and event stay
+usable; a communicator does not: its ranks are out of step).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
