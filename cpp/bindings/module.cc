@@ -12,6 +12,7 @@ PYBIND11_MODULE(_core, module) {
   bind_copy(module);
   bind_ipc(module);
   bind_group(module);
+  bind_collectives(module);
   bind_cuda(module);
   bind_resharding(module);
 }

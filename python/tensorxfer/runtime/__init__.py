@@ -14,14 +14,22 @@
   torch.distributed or MPI): ``barrier``, ``all_gather_bytes``, liveness;
   :class:`GroupHandle` lets spawned workers join.
 
-The first three are native (``tensorxfer._core``) and release the GIL while
-they copy or wait; LocalGroup's waits release it too.  ``timeout`` follows the
-package rules (:mod:`tensorxfer.errors`): seconds, ``0`` to check once, ``None``
-(the default) for no deadline; Ctrl-C interrupts any wait with
-``KeyboardInterrupt`` (the stream and event stay usable).
+* :class:`IpcMemory` -- per-rank shared regions and barrier words every local
+  rank maps (``num_workers``, ``worker_id``, ``remote_data``, ``barrier_in``,
+  ``barrier_out``, ``barrier_flag``), made collectively on a group.
+* :class:`Communicator` -- all_reduce / all_gather / reduce_scatter /
+  broadcast / barrier among the ranks of one host over an IpcMemory.
+
+All are native (``tensorxfer._core``) and release the GIL while they copy,
+reduce or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+seconds, ``0`` to check once, ``None`` (the default) for no deadline; Ctrl-C
+interrupts any wait with ``KeyboardInterrupt`` (the stream and event stay
+usable; a group or communicator does not: its ranks are out of step).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
+from tensorxfer.runtime.collectives import Communicator
 from tensorxfer.runtime.group import GroupHandle, LocalGroup
+from tensorxfer.runtime.ipc_memory import IpcMemory
 
-__all__ = ["CopyEngine", "GroupHandle", "HostEvent", "HostStream", "LocalGroup"]
+__all__ = ["CopyEngine", "Communicator", "GroupHandle", "HostEvent", "HostStream", "IpcMemory", "LocalGroup"]
