@@ -4,12 +4,20 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
+#include "tensorxfer/collectives/ipc_memory.h"
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "tensorxfer/copy/copy_engine.h"
+#include "tensorxfer/copy/process_memory.h"
+#include "tensorxfer/group/local_group.h"
 #include "tensorxfer/resharding/communication_scheduler.h"
+#include "tensorxfer/resharding/ipc_double_buffers.h"
+#include "tensorxfer/resharding/pipeline_executor.h"
 
 namespace tensorxfer::bindings {
 namespace {
@@ -50,6 +58,101 @@ py::array_t<uint64_t> segment_rows(const resharding::ScheduledBatch& batch) {
   return rows;
 }
 
+using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+// A batch from its Python form (src, dest, batch_index, iteration, total_nbytes, segments (n, 4)).
+resharding::ScheduledBatch batch_from(const py::handle& item) {
+  const auto fields = item.cast<py::tuple>();
+  TENSORXFER_CHECK(InvalidArgument, fields.size() == 6, "a batch is (src, dest, batch_index, iteration, ",
+                   "total_nbytes, segments), got ", fields.size(), " fields");
+  resharding::ScheduledBatch batch;
+  batch.src_rank = fields[0].cast<int32_t>();
+  batch.dest_rank = fields[1].cast<int32_t>();
+  batch.batch_index = fields[2].cast<uint32_t>();
+  batch.iteration = fields[3].cast<uint32_t>();
+  batch.total_nbytes = fields[4].cast<uint64_t>();
+  const auto rows = fields[5].cast<U64Array>();
+  TENSORXFER_CHECK(InvalidArgument, rows.ndim() == 2 && rows.shape(1) == 4,
+                   "batch segments must have shape (n, 4) of (task_id, task_offset, nbytes, slot_offset)");
+  const auto table = rows.unchecked<2>();
+  for (py::ssize_t i = 0; i < rows.shape(0); ++i) {
+    batch.segments.push_back(resharding::TaskSegment{table(i, 0), table(i, 1), table(i, 2), table(i, 3)});
+  }
+  return batch;
+}
+
+// task id -> (address, nbytes); the caller keeps the memory alive while the executor may use it.
+resharding::TaskMemoryMap memory_map(const U64Array& ids, const U64Array& addresses, const U64Array& nbytes,
+                                     const char* side) {
+  TENSORXFER_CHECK(InvalidArgument, ids.ndim() == 1 && addresses.ndim() == 1 && nbytes.ndim() == 1 &&
+                       ids.shape(0) == addresses.shape(0) && ids.shape(0) == nbytes.shape(0),
+                   side, ": task ids, addresses and sizes must be 1-d arrays of one length");
+  resharding::TaskMemoryMap map;
+  map.reserve(static_cast<std::size_t>(ids.shape(0)));
+  const auto id = ids.unchecked<1>();
+  const auto address = addresses.unchecked<1>();
+  const auto size = nbytes.unchecked<1>();
+  for (py::ssize_t i = 0; i < ids.shape(0); ++i) {
+    TENSORXFER_CHECK(InvalidArgument, address(i) != 0 || size(i) == 0, side, " task ", id(i), " has a null address");
+    const bool fresh = map.emplace(id(i), resharding::TaskMemory{reinterpret_cast<std::byte*>(address(i)), size(i)})
+                           .second;
+    TENSORXFER_CHECK(InvalidArgument, fresh, side, " task ", id(i), " appears twice");
+  }
+  return map;
+}
+
+// This rank's part of a schedule, ready to execute.
+struct PipelinePlan {
+  std::vector<resharding::IterationSchedule> iterations;
+  std::size_t batches = 0;
+};
+
+// The executor plus the task memory its launched steps read, kept together so
+// a launched pack never outlives the map it reads.
+class PyPipelineExecutor {
+ public:
+  PyPipelineExecutor(collectives::IpcMemory& memory, group::LocalGroup& group, std::size_t slot_nbytes,
+                     copy::CopyEngine& engine)
+      : buffers_(memory, group, slot_nbytes), executor_(engine, buffers_, group.rank()) {}
+
+  void set_task_memory(const U64Array& send_ids, const U64Array& send_addresses, const U64Array& send_nbytes,
+                       const U64Array& recv_ids, const U64Array& recv_addresses, const U64Array& recv_nbytes) {
+    auto sends = memory_map(send_ids, send_addresses, send_nbytes, "send");
+    auto receives = memory_map(recv_ids, recv_addresses, recv_nbytes, "receive");
+    py::gil_scoped_release release;
+    executor_.synchronize_streams();  // nothing launched may still read the old maps
+    sends_ = std::move(sends);
+    receives_ = std::move(receives);
+  }
+
+  void execute(const PipelinePlan& plan, const PyTimeout& timeout) {
+    buffers_.set_wait(wait_timeout(timeout, "PipelineExecutor.execute_pipeline"), python_signal_check());
+    py::gil_scoped_release release;
+    executor_.execute_pipeline(plan.iterations, sends_, receives_);
+  }
+
+  void launch(uint32_t iteration, const py::handle& batch, bool pack) {
+    const auto native = batch_from(batch);
+    py::gil_scoped_release release;
+    if (pack) {
+      executor_.launch_pack(iteration, native, sends_);
+    } else {
+      executor_.launch_unpack(iteration, native, receives_);
+    }
+  }
+
+  void synchronize() {
+    py::gil_scoped_release release;
+    executor_.synchronize_streams();
+  }
+
+ private:
+  resharding::IpcDoubleBuffers buffers_;
+  resharding::PipelineExecutor executor_;
+  resharding::TaskMemoryMap sends_;
+  resharding::TaskMemoryMap receives_;
+};
+
 }  // namespace
 
 void bind_resharding(py::module_& module) {
@@ -77,6 +180,94 @@ void bind_resharding(py::module_& module) {
       py::arg("max_tasks_per_batch"),
       "Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, "
       "[(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).");
+
+  py::class_<PipelinePlan>(module, "PipelinePlan", "One rank's iterations of a transfer schedule (native).")
+      .def_static(
+          "from_iterations",
+          [](const py::list& iterations) {
+            PipelinePlan plan;
+            for (const auto& step : iterations) {
+              const auto pair = step.cast<py::tuple>();
+              TENSORXFER_CHECK(InvalidArgument, pair.size() == 2, "an iteration is (send batch or None, ",
+                               "receive batch or None)");
+              resharding::IterationSchedule schedule;
+              if (!pair[0].is_none()) schedule.send = batch_from(pair[0]);
+              if (!pair[1].is_none()) schedule.receive = batch_from(pair[1]);
+              plan.batches += (schedule.send ? 1 : 0) + (schedule.receive ? 1 : 0);
+              plan.iterations.push_back(std::move(schedule));
+            }
+            return plan;
+          },
+          py::arg("iterations"), "From [(send batch or None, receive batch or None), ...] per iteration.")
+      .def_property_readonly("num_iterations", [](const PipelinePlan& plan) { return plan.iterations.size(); })
+      .def_property_readonly("num_batches", [](const PipelinePlan& plan) { return plan.batches; });
+
+  module.def(
+      "plan_pipeline",
+      [](const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& tasks, int world_size,
+         uint64_t slot_nbytes, uint32_t max_tasks_per_batch, int my_pe) {
+        const auto endpoints = endpoints_from(tasks, "tasks");
+        PipelinePlan plan;
+        py::gil_scoped_release release;
+        const resharding::Schedule schedule = resharding::build_schedule(
+            endpoints, endpoints, world_size, resharding::BatchLimits{slot_nbytes, max_tasks_per_batch});
+        plan.iterations.resize(schedule.num_iterations);
+        for (const auto& batch : schedule.batches) {
+          if (batch.src_rank == my_pe) plan.iterations[batch.iteration].send = batch;
+          if (batch.dest_rank == my_pe) plan.iterations[batch.iteration].receive = batch;
+          plan.batches += (batch.src_rank == my_pe) + (batch.dest_rank == my_pe);
+        }
+        return plan;
+      },
+      py::arg("tasks"), py::arg("world_size"), py::arg("slot_nbytes"), py::arg("max_tasks_per_batch"),
+      py::arg("my_pe"),
+      "Rank my_pe's plan from matched (task_id, nbytes, src_rank, dest_rank) rows (every rank gets the same schedule).");
+
+  py::class_<PyPipelineExecutor>(module, "PipelineExecutor",
+                                 "Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).")
+      .def(py::init<collectives::IpcMemory&, group::LocalGroup&, std::size_t, copy::CopyEngine&>(),
+           py::arg("memory"), py::arg("group"), py::arg("slot_nbytes"), py::arg("engine"), py::keep_alive<1, 2>(),
+           py::keep_alive<1, 3>(), py::keep_alive<1, 5>())
+      .def("set_task_memory", &PyPipelineExecutor::set_task_memory, py::arg("send_ids"), py::arg("send_addresses"),
+           py::arg("send_nbytes"), py::arg("recv_ids"), py::arg("recv_addresses"), py::arg("recv_nbytes"),
+           "Where each task's bytes live on this rank; the caller keeps that memory alive until the next call.")
+      .def("execute", &PyPipelineExecutor::execute, py::arg("plan"), py::arg("timeout") = py::none(),
+           "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.")
+      .def(
+          "launch_pack",
+          [](PyPipelineExecutor& self, uint32_t iteration, const py::handle& batch) { self.launch(iteration, batch, true); },
+          py::arg("iteration"), py::arg("batch"))
+      .def(
+          "launch_unpack",
+          [](PyPipelineExecutor& self, uint32_t iteration, const py::handle& batch) {
+            self.launch(iteration, batch, false);
+          },
+          py::arg("iteration"), py::arg("batch"))
+      .def("synchronize", &PyPipelineExecutor::synchronize, "Waits for launched packs and unpacks.");
+  module.def("pipeline_region_nbytes", &resharding::IpcDoubleBuffers::region_nbytes, py::arg("slot_nbytes"));
+
+  module.def(
+      "read_process_memory",
+      [](int pid, uint64_t address, const py::handle& dst, copy::CopyEngine& engine) {
+        const PyTensorView out = make_view(dst, "dst");
+        require_contiguous_host(out.view, "dst");
+        require_writable(out.view, "dst");
+        py::gil_scoped_release release;
+        copy::read_process_memory(engine, pid, address, static_cast<std::byte*>(out.view.data), out.view.nbytes());
+      },
+      py::arg("pid"), py::arg("address"), py::arg("dst"), py::arg("engine"),
+      "Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).");
+  module.def(
+      "probe_process_memory",
+      [](int pid, uint64_t address, const py::bytes& expected) {
+        const std::string text = expected;
+        py::gil_scoped_release release;
+        return copy::probe_process_memory(pid, address, reinterpret_cast<const std::byte*>(text.data()), text.size());
+      },
+      py::arg("pid"), py::arg("address"), py::arg("expected"),
+      "True if the bytes at `address` in `pid` can be read and equal `expected` (at most 4096 bytes).");
+  module.def("allow_memory_readers", &copy::allow_memory_readers,
+             "Lets this user's other processes read this one's memory under Yama ptrace_scope 1.");
 }
 
 }  // namespace tensorxfer::bindings

@@ -84,14 +84,25 @@ def launch_torch(world: int, args: List[str], timeout: float) -> Tuple[List[int]
         shutil.rmtree(init_dir, ignore_errors=True)
 
 
+def launch_shm(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
+    group_name = f"copy-service-test-{os.getpid()}-{os.urandom(4).hex()}"
+    processes = [
+        subprocess.Popen([sys.executable, WORKER, "shm", *args, str(rank), str(world), group_name],
+                         env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(world)
+    ]
+    return _collect(processes, timeout)
+
+
 LAUNCHERS: Dict[str, Callable[[int, List[str], float], Tuple[List[int], str]]] = {
     "local": launch_local,
     "mpi": launch_mpi,
     "torch": launch_torch,
+    "shm": launch_shm,
 }
 
 # (backend, world sizes the conformance suite runs)
-WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch": [2, 3, 4]}
+WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch": [2, 3, 4], "shm": [1, 2, 3, 4]}
 
 
 def unavailable(backend: str) -> Optional[str]:

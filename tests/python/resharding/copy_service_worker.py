@@ -41,6 +41,12 @@ def make_service(backend: str, argv: list, timeout: float):
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         return build_copy_service("torch", timeout=timeout), dist
+    if backend == "shm":
+        from tensorxfer.runtime import LocalGroup
+
+        rank, world, name = int(argv[0]), int(argv[1]), argv[2]
+        group = LocalGroup.join(name, rank=rank, world_size=world, timeout=60)
+        return build_copy_service("shm", group=group, timeout=timeout), group
     raise SystemExit(f"unknown backend {backend}")
 
 
@@ -69,6 +75,16 @@ def conformance(service, out_dir: str, size: str) -> None:
         write(out_dir, service.rank, results)
 
 
+def leave(service) -> None:
+    """Ends a process whose group is broken: skip MPI_Finalize / gloo teardown, but
+    leave a LocalGroup (shm backend), so its last member removes the segment."""
+    from tensorxfer.runtime import LocalGroup
+
+    if isinstance(service.group, LocalGroup):
+        service.group.close()
+    os._exit(0)
+
+
 def failure(service, out_dir: str, mode: str) -> None:
     import numpy as np
 
@@ -85,7 +101,7 @@ def failure(service, out_dir: str, mode: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(FAILURE_TIMEOUT + 1.5)  # idle: never calls run() again
         write(out_dir, rank, {"error": None, "message": "idle rank", "seconds": 0.0})
-        os._exit(0)
+        leave(service)
     service.submit_send(payload, ring_next, 100 + rank)
     service.submit_recv(sink, ring_prev, 100 + ring_prev)
     start = time.monotonic()
@@ -101,7 +117,7 @@ def failure(service, out_dir: str, mode: str) -> None:
             result["again"] = f"{type(again).__name__}: {again}"
     write(out_dir, rank, result)
     time.sleep(1.0)  # let the other survivors see the killed rank before this one exits too
-    os._exit(0)  # the group is broken: skip MPI_Finalize / gloo teardown
+    leave(service)
 
 
 def main() -> None:
@@ -113,8 +129,10 @@ def main() -> None:
     else:
         failure(service, out_dir, mode)
     service.close()
-    if dist is not None:
+    if dist is not None and hasattr(dist, "destroy_process_group"):
         dist.destroy_process_group()
+    elif dist is not None:
+        dist.close()
 
 
 if __name__ == "__main__":

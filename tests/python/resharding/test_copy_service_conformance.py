@@ -70,7 +70,8 @@ SLOW = ["many_small_tensors", "large_tensors"]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)
-@pytest.mark.parametrize("backend,world", [("local", 1), ("mpi", 2), ("torch", 2)], ids=["local", "mpi", "torch"])
+@pytest.mark.parametrize("backend,world", [("local", 1), ("mpi", 2), ("torch", 2), ("shm", 2)],
+                         ids=["local", "mpi", "torch", "shm"])
 def test_conformance_full_size(backend, world, name, tmp_path_factory):
     """10,000 small tensors and 64 MiB tensors."""
     check_scenario(backend, world, "slow", name, tmp_path_factory)

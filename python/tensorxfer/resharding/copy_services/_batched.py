@@ -231,8 +231,7 @@ class BatchedCopyService(CopyService):
             self._plan = None
             tables_data = self._all_gather(_planning.encode_tables(send_table, recv_table), deadline, timeout)
             tables = [_planning.decode_tables(data) for data in tables_data]
-            plan = _planning.build_plan(self.backend_name, me, tables, digests, self.max_window_tasks,
-                                        self.max_window_bytes, self.coalesce_bytes)
+            plan = self._build_plan(tables, digests)
             self._plan = plan
             self.plans_built += 1
 
@@ -240,6 +239,12 @@ class BatchedCopyService(CopyService):
         if plan.windows:
             self._execute(plan, [sends[i] for i in remote_sends], _subset(send_spans, remote_sends),
                           [recvs[i] for i in remote_recvs], _subset(recv_spans, remote_recvs), deadline, timeout)
+
+    def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
+        """This rank's plan from every rank's op tables; ``.windows`` is empty when it
+        has no remote work. Backends with another transport plan their own way."""
+        return _planning.build_plan(self.backend_name, self.rank, tables, digests, self.max_window_tasks,
+                                    self.max_window_bytes, self.coalesce_bytes)
 
     def _all_gather(self, data: bytes, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
         requests, finish = self._start_all_gather(data)

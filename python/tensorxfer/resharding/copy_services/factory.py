@@ -12,13 +12,15 @@ BACKENDS: Dict[str, Tuple[str, str]] = {
     "local": ("tensorxfer.resharding.copy_services.local", "LocalCopyService"),
     "mpi": ("tensorxfer.resharding.copy_services.mpi", "MpiCopyService"),
     "torch": ("tensorxfer.resharding.copy_services.torch_distributed", "TorchDistributedCopyService"),
+    "shm": ("tensorxfer.resharding.copy_services.shm", "ShmCopyService"),
 }
 
 
 def build_copy_service(backend: str, group: Any = None, **options: Any) -> CopyService:
-    """A copy service of the named backend: ``"local"``, ``"mpi"`` or ``"torch"``.
+    """A copy service of the named backend: ``"local"``, ``"mpi"``, ``"torch"`` or ``"shm"``.
 
-    ``group=None`` means: for ``"torch"`` the default torch.distributed group,
+    ``group=None`` means: for ``"torch"`` and ``"shm"`` the default torch.distributed group
+    (``"shm"`` also takes a LocalGroup or an mpi4py communicator of one host's ranks),
     for ``"mpi"`` ``MPI.COMM_WORLD`` (else pass an mpi4py communicator), for
     ``"local"`` a single process. ``options`` go to the backend's constructor
     (e.g. ``timeout``). ValueError names the known backends for an unknown name.

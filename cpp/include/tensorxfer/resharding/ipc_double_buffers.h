@@ -1,0 +1,47 @@
+// DoubleBuffers over an IpcMemory every rank of a LocalGroup maps: rank r's
+// data region holds [send slot 0 | send slot 1 | receive slot 0 | receive slot 1],
+// and barrier() is the group's barrier.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+#include "tensorxfer/collectives/ipc_memory.h"
+#include "tensorxfer/group/local_group.h"
+#include "tensorxfer/resharding/double_buffers.h"
+#include "tensorxfer/resharding/transfer_task.h"
+#include "tensorxfer/sync/wait_hook.h"
+
+namespace tensorxfer::resharding {
+
+class IpcDoubleBuffers final : public DoubleBuffers {
+ public:
+  // Every region of `memory` must hold 4 * slot_nbytes bytes (InvalidArgument
+  // otherwise); `memory` and `group` must outlive this object.
+  IpcDoubleBuffers(collectives::IpcMemory& memory, group::LocalGroup& group, std::size_t slot_nbytes);
+
+  // The bytes one rank's region needs for slots of `slot_nbytes` (overflow-checked).
+  static std::size_t region_nbytes(std::size_t slot_nbytes);
+
+  // What barrier() waits with until changed (default: no deadline, no hook).
+  void set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook);
+
+  std::size_t slot_nbytes() const noexcept override { return slot_nbytes_; }
+  std::byte* send_slot(int index) noexcept override { return region(memory_.worker_id) + index * slot_nbytes_; }
+  std::byte* receive_slot(int index) noexcept override { return peer_receive_slot(memory_.worker_id, index); }
+  std::byte* peer_receive_slot(int pe, int index) noexcept override {
+    return region(pe) + (2 + index) * slot_nbytes_;
+  }
+  void barrier() override;
+
+ private:
+  std::byte* region(int rank) const noexcept { return static_cast<std::byte*>(memory_.remote_data[rank]); }
+
+  collectives::IpcMemory& memory_;
+  group::LocalGroup& group_;
+  std::size_t slot_nbytes_;
+  std::chrono::nanoseconds timeout_ = std::chrono::nanoseconds::max();
+  sync::WaitHook hook_;
+};
+
+}  // namespace tensorxfer::resharding

@@ -1,0 +1,35 @@
+#include "tensorxfer/resharding/ipc_double_buffers.h"
+
+#include <utility>
+
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
+
+namespace tensorxfer::resharding {
+
+std::size_t IpcDoubleBuffers::region_nbytes(std::size_t slot_nbytes) {
+  return checked_mul(slot_nbytes, std::size_t{4}, "double-buffer region bytes");
+}
+
+IpcDoubleBuffers::IpcDoubleBuffers(collectives::IpcMemory& memory, group::LocalGroup& group, std::size_t slot_nbytes)
+    : memory_(memory), group_(group), slot_nbytes_(slot_nbytes) {
+  TENSORXFER_CHECK(InvalidArgument, slot_nbytes >= kSegmentAlignment && slot_nbytes % kSegmentAlignment == 0,
+                   "slot_nbytes must be a positive multiple of ", kSegmentAlignment, ", got ", slot_nbytes);
+  TENSORXFER_CHECK(InvalidArgument, memory.device() == collectives::MemoryDevice::kHost && memory.is_mapped(),
+                   "double buffers need a mapped host IpcMemory");
+  TENSORXFER_CHECK(InvalidArgument, memory.num_workers == group.world_size() && memory.worker_id == group.rank(),
+                   "the IpcMemory (rank ", memory.worker_id, " of ", memory.num_workers, ") and the group (rank ",
+                   group.rank(), " of ", group.world_size(), ") disagree");
+  TENSORXFER_CHECK(InvalidArgument, memory.data_nbytes() >= region_nbytes(slot_nbytes), "the IpcMemory holds ",
+                   memory.data_nbytes(), " bytes per rank, two send and two receive slots of ", slot_nbytes,
+                   " bytes need ", region_nbytes(slot_nbytes));
+}
+
+void IpcDoubleBuffers::set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook) {
+  timeout_ = timeout;
+  hook_ = std::move(hook);
+}
+
+void IpcDoubleBuffers::barrier() { group_.barrier(timeout_, hook_); }
+
+}  // namespace tensorxfer::resharding

@@ -1,0 +1,266 @@
+"""``ShmCopyService``: the copy service for the ranks of one host.
+
+Built on a :class:`tensorxfer.runtime.LocalGroup` (or a torch.distributed
+group / mpi4py communicator whose ranks are all on this host). A run shares
+the matching, size agreement, local copies and plan reuse of the other
+backends; the remote tasks then move in two ways:
+
+* large tasks (``cma_min_bytes`` and up) in one copy: the receiver reads the
+  sender's tensor with cross-memory attach (``process_vm_readv``, parallel
+  chunks), where the kernel permits it between the two processes -- probed once
+  per service for every pair (``cma_pairs``; ``python -m tensorxfer info``
+  reports the machine-wide answer);
+* everything else through the pipeline executor: a schedule every rank
+  computes alike packs tasks into batches, and double-buffered slots in an
+  :class:`~tensorxfer.runtime.IpcMemory` move them (pack next, unpack previous,
+  copy this one into the peer's receive slot, barrier).
+
+Host tensors only (numpy arrays, CPU torch tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tensorxfer import _core
+from tensorxfer.ipc.pack import default_copy_engine
+from tensorxfer.resharding.copy_services import _planning, _tensors
+from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.errors import PeerLostError
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
+from tensorxfer.runtime.group import LocalGroup
+from tensorxfer.runtime.ipc_memory import IpcMemory
+
+#: Bytes of one pipeline slot (each rank maps two send and two receive slots).
+DEFAULT_SLOT_NBYTES = 4 << 20
+#: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
+DEFAULT_CMA_MIN_BYTES = 1 << 20
+
+
+def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
+    """``group`` as a LocalGroup, and whether this service made it (and closes it).
+
+    None means the default torch.distributed group, as upstream."""
+    if isinstance(group, LocalGroup):
+        return group, False
+    if group is None:
+        return LocalGroup.from_torch(None, timeout=timeout), True
+    if type(group).__module__.startswith("mpi4py"):
+        return LocalGroup.from_mpi(group, timeout=timeout), True
+    return LocalGroup.from_torch(group, timeout=timeout), True
+
+
+@dataclass
+class ShmPlan:
+    """This rank's part of a plan, reused while every rank submits the same ops."""
+
+    digests: List[bytes]
+    windows: List[Any]  # non-empty when this rank has remote work (BatchedCopyService runs _execute then)
+    pipeline: Any  # _core.PipelinePlan
+    # Pipeline tasks: schedule task id -> this rank's local op index (sends, receives).
+    pipe_send_ids: np.ndarray
+    pipe_send_local: np.ndarray
+    pipe_recv_ids: np.ndarray
+    pipe_recv_local: np.ndarray
+    # Cross-memory tasks: schedule task ids in key order, with source rank and sizes;
+    # this rank's local indices for those it sends / receives.
+    cma_ids: np.ndarray
+    cma_src: np.ndarray
+    cma_send_local: Dict[int, int]
+    cma_recv_local: Dict[int, int]
+    staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
+
+
+class ShmCopyService(BatchedCopyService):
+    """Batched send/recv among the ranks of one host through shared memory.
+
+    ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
+    or None for the default torch.distributed group. ``slot_nbytes`` sizes the
+    pipeline's slots (a multiple of 64), ``max_tasks_per_batch`` bounds a batch,
+    ``cma_min_bytes`` is where cross-memory attach takes over (None: never).
+    Collective construction: every rank of the group builds its service together.
+    """
+
+    backend_name = "ShmCopyService"
+
+    def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
+                 slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
+                 cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES) -> None:
+        local, self._owns_group = as_local_group(group, timeout)
+        self._local = local
+        super().__init__(group, timeout=timeout)
+        if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
+            raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
+        if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
+            raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
+        self.slot_nbytes = slot_nbytes
+        self.max_tasks_per_batch = max_tasks_per_batch
+        self.cma_min_bytes = cma_min_bytes
+        self._engine = default_copy_engine()
+        self._memory = IpcMemory.create(local, int(_core.pipeline_region_nbytes(slot_nbytes)), timeout=timeout)
+        self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
+        self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
+
+    # ---- group ---------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._local.rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return self._local.world_size
+
+    def close(self) -> None:
+        """Unmaps the slots and (if this service made it) leaves the group."""
+        if not self._closed:
+            self._executor = None
+            self._memory.close()
+            if self._owns_group:
+                self._local.close()
+        super().close()
+
+    def _probe_cross_memory_attach(self, timeout: Optional[float]) -> Tuple[List[int], np.ndarray]:
+        """Every rank's pid as seen by its peers, and cma_pairs[src, dst]: whether
+        dst may read src's memory (the kernel permits it and dst can name src)."""
+        _core.allow_memory_readers()
+        token = np.frombuffer(os.urandom(16), np.uint8).copy()
+        self._probe_token = token  # stays alive (and where it is) while peers read it
+        mine = struct.pack("<qQ", os.getpid(), token.ctypes.data) + token.tobytes()
+        gathered = self._local.all_gather_bytes(mine, timeout)
+        pids = []
+        readable = np.zeros(self.world_size, np.uint8)
+        for peer, data in enumerate(gathered):
+            pid, address = struct.unpack_from("<qQ", data)
+            pids.append(pid)
+            if peer != self.rank:
+                readable[peer] = _core.probe_process_memory(pid, address, bytes(data[16:32]))
+        answers = self._local.all_gather_bytes(readable.tobytes(), timeout)
+        pairs = np.zeros((self.world_size, self.world_size), bool)
+        for dst, data in enumerate(answers):
+            pairs[:, dst] = np.frombuffer(data, np.uint8).astype(bool)
+        return pids, pairs
+
+    # ---- transport of the shared run() ------------------------------------------------
+
+    @contextlib.contextmanager
+    def _group_wait(self, what: str) -> Any:
+        """Says which service, rank and step a group wait failed in."""
+        try:
+            yield
+        except PeerLostError as error:
+            raise PeerLostError(f"{self.backend_name}: a peer of rank {self.rank} was lost during {what}: {error}") from error
+        except TimeoutError as error:
+            raise TimeoutError(f"{self.backend_name}: rank {self.rank} timed out in {what}; a peer did not call run() "
+                               f"or stalled: {error}") from error
+
+    def _start_all_gather(self, data: bytes) -> Tuple[List[Any], Callable[[], List[bytes]]]:
+        with self._group_wait("the all-gather of the batch's metadata"):
+            gathered = self._local.all_gather_bytes(data, self.timeout)
+        return [], lambda: list(gathered)
+
+    def _new_staging(self, nbytes: int, like: Any) -> Any:
+        return np.empty(nbytes, np.uint8)
+
+    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
+              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+        raise AssertionError("ShmCopyService moves bytes in _execute, not by posting messages")
+
+    def _test_all(self, requests: List[Any]) -> bool:
+        return True
+
+    # ---- planning -----------------------------------------------------------------------
+
+    def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
+        empty = np.zeros((0, _planning.COLUMNS), np.int64)
+        all_sends = np.concatenate([s for s, _ in tables]) if tables else empty
+        all_recvs = np.concatenate([r for _, r in tables]) if tables else empty
+        sends, recvs = _planning.match(self.backend_name, all_sends, all_recvs)
+        me = self.rank
+        count = sends.shape[0]
+        ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
+        src, dst, nbytes = sends[:, _planning.SRC], sends[:, _planning.DST], sends[:, _planning.NBYTES]
+        cma = np.zeros(count, bool)
+        if self.cma_min_bytes is not None and count:
+            cma = (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
+        pipe = ~cma & (nbytes > 0)
+        rows = np.stack([ids[pipe], nbytes[pipe], src[pipe], dst[pipe]], axis=1) if count else np.zeros((0, 4), np.int64)
+        pipeline = _core.plan_pipeline(rows, self.world_size, self.slot_nbytes, self.max_tasks_per_batch, me)
+        mine_send = pipe & (src == me)
+        mine_recv = pipe & (dst == me)
+        # Every rank takes part in the executor's barriers (and the address exchange)
+        # when any rank has something to move, so the condition is global.
+        return ShmPlan(
+            digests=digests,
+            windows=[True] if (pipeline.num_iterations or cma.any()) else [],
+            pipeline=pipeline,
+            pipe_send_ids=ids[mine_send].astype(np.uint64),
+            pipe_send_local=sends[mine_send, _planning.LOCAL_INDEX],
+            pipe_recv_ids=ids[mine_recv].astype(np.uint64),
+            pipe_recv_local=recvs[mine_recv, _planning.LOCAL_INDEX],
+            cma_ids=ids[cma],
+            cma_src=src[cma],
+            cma_send_local={int(i): int(sends[i, _planning.LOCAL_INDEX]) for i in np.flatnonzero(cma & (src == me))},
+            cma_recv_local={int(i): int(recvs[i, _planning.LOCAL_INDEX]) for i in np.flatnonzero(cma & (dst == me))},
+        )
+
+    # ---- execution ----------------------------------------------------------------------
+
+    def _execute(self, plan: ShmPlan, send_ops, send_spans: _tensors.Spans, recv_ops, recv_spans: _tensors.Spans,
+                 deadline, timeout) -> None:
+        # Sources as they are now (non-contiguous ones copied once); destinations as
+        # the copies see them (non-contiguous ones staged, copied back at the end).
+        send_objects = [op.tensor for op in send_ops]
+        send_addresses = send_spans.address.astype(np.uint64)
+        for i in np.flatnonzero(~send_spans.contiguous):
+            send_objects[i] = _tensors.contiguous(send_objects[i])
+            send_addresses[i] = _tensors.describe(send_objects[i]).address
+        recv_targets = [op.tensor for op in recv_ops]
+        recv_addresses = recv_spans.address.astype(np.uint64)
+        copy_back = []
+        for i in np.flatnonzero(~recv_spans.contiguous):
+            staged = _tensors.empty_like(recv_targets[i])
+            copy_back.append((recv_targets[i], staged))
+            recv_targets[i] = staged
+            recv_addresses[i] = _tensors.describe(staged).address
+
+        if plan.cma_ids.size:
+            with self._group_wait("the cross-memory reads"):
+                self._read_across_processes(plan, send_addresses, recv_targets, timeout)
+        send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
+        self._executor.set_task_memory(
+            plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
+            plan.pipe_recv_ids, recv_addresses[recv_local], recv_spans.nbytes[recv_local].astype(np.uint64))
+        try:
+            # Its final barrier also tells senders that every cross-memory read is done.
+            with self._group_wait("the batch's transfers"):
+                self._executor.execute(plan.pipeline, timeout)
+        finally:
+            empty = np.zeros(0, np.uint64)
+            self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
+        for target, staged in copy_back:
+            _tensors.copy_bytes_into(target, staged)
+
+    def _read_across_processes(self, plan: ShmPlan, send_addresses: np.ndarray, recv_targets: List[Any],
+                               timeout: Optional[float]) -> None:
+        """Receivers read large tasks straight from their senders' tensors."""
+        mine = {task: int(send_addresses[local]) for task, local in plan.cma_send_local.items()}
+        table = np.array(sorted(mine.items()), np.uint64).reshape(-1, 2)
+        where: Dict[int, int] = {}
+        for data in self._local.all_gather_bytes(table.tobytes(), timeout):
+            for task, address in np.frombuffer(data, np.uint64).reshape(-1, 2):
+                where[int(task)] = int(address)
+        for task, local in plan.cma_recv_local.items():
+            src = int(plan.cma_src[np.searchsorted(plan.cma_ids, task)])
+            _core.read_process_memory(self._pids[src], where[task], recv_targets[local], self._engine)
+
+
+__all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]
