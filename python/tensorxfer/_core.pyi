@@ -6,10 +6,10 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
-    A non-owning view of a tensor's memory that keeps its owner alive.
+    A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
     """
     def __repr__(self) -> str:
         ...
@@ -337,6 +337,38 @@ class SlotRing:
     @property
     def wait_stats(self) -> dict:
         ...
+class LocalGroup:
+    """
+    Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).
+    """
+    mailbox_nbytes: typing.ClassVar[int] = 65536
+    max_name_nbytes: typing.ClassVar[int] = 200
+    max_world_size: typing.ClassVar[int] = 1024
+    @staticmethod
+    def join(name: str, rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, timeout: float | None = None) -> LocalGroup:
+        ...
+    def all_gather_bytes(self, data: bytes, timeout: float | None = None) -> list:
+        ...
+    def barrier(self, timeout: float | None = None) -> None:
+        ...
+    def check_peers(self) -> None:
+        ...
+    def close(self) -> None:
+        ...
+    def rank_alive(self, rank: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
 class IpcMemory:
     """
     Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).
@@ -476,6 +508,10 @@ def choose_all_reduce_algorithm(nbytes: typing.SupportsInt | typing.SupportsInde
     ...
 def communicator_required_nbytes(max_bytes: typing.SupportsInt | typing.SupportsIndex, buffer_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
+def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the (n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The caller keeps every span's memory alive. Private to the copy services and the pipeline executor.
+    """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
@@ -488,6 +524,10 @@ def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
     ...
+def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
+    """
+    (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
+    """
 def huge_page_size() -> int:
     """
     The default huge page size in bytes.
@@ -516,6 +556,10 @@ def pack_rows(dst: typing.Any, layout: PackLayout, sources: list, indices: typin
     """
     Gathers sources[f][indices] into dst at each field's offset (GIL released). sources: [(field name, tensor)]. Use tensorxfer.ipc.pack_rows instead.
     """
+def pack_spans(dst: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies the host spans (addresses[i], nbytes[i]) back to back into dst (GIL released). The caller keeps every span's memory alive. Private to tensorxfer.resharding.copy_services.
+    """
 def page_size() -> int:
     """
     The system page size in bytes.
@@ -526,6 +570,10 @@ def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -
     """
 def prefer_local_numa_node(view: TensorView, argument: str) -> int:
     ...
+def probe_futex_across_processes() -> tuple[bool, str]:
+    """
+    (works, detail): whether a futex wake reaches a sleeper in another process (forks a child).
+    """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...
 def resident_page_count(view: TensorView, argument: str) -> int:
@@ -535,6 +583,10 @@ def resident_page_count(view: TensorView, argument: str) -> int:
 def sweep_stale_segments() -> int:
     """
     Remove /dev/shm/tensorxfer-* segments whose creator has exited; returns how many.
+    """
+def unpack_spans(src: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies src's bytes, back to back, into the host spans (addresses[i], nbytes[i]) (GIL released); the inverse of pack_spans. Private to the copy services.
     """
 __version__: str
 build_info: dict

@@ -1,0 +1,276 @@
+"""Copy services vs what a user would write by hand: 2 ranks, each way.
+
+Cases (every rank sends to the other and receives from it):
+
+* (a) 10,000 tensors of 4 KiB,
+* (b) 16 tensors of 16 MiB,
+* (c) a resharding step: a model of 200 weights of 64 KiB - 32 MiB (log-uniform,
+  seed 0), split 2 ways along dim 0; each rank sends its shard to the other
+  rank's layout and receives the other's (half of every weight each way).
+
+Variants, in the same run, interleaved repeat by repeat:
+
+* MPI (one ``mpirun -n 2`` job): ``MpiCopyService`` - the first run of a new
+  service (plan built, private communicator made) and later runs of the same
+  op pattern (plan and staging reused) - against hand-written mpi4py
+  ``Isend``/``Irecv`` posted in windows of 16, 128 and all, ``Waitall`` per window.
+* torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
+  (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
+
+A sample is the slower rank's time for one full step, submits included,
+between barriers. Targets: MPI backend >= 3x the best mpi4py window on (a) and
+>= 1.0x on (b); torch backend >= 5x the better gloo window on (a) and >= 1.0x
+on (b). Prints the table (CPU model in the header), writes JSON + PNG.
+
+    python bench/python/bench_copy_services.py [--repeats 5] [--cases a,b,c] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_JSON = HERE.parents[1] / "bench" / "results" / "copy_services.json"
+TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 5.0, ("b", "torch"): 1.0}
+CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
+
+
+def case_sizes(case: str) -> List[int]:
+    """Bytes of each tensor one rank sends (and receives) in a case."""
+    if case == "a":
+        return [4096] * 10_000
+    if case == "b":
+        return [16 << 20] * 16
+    rng = np.random.default_rng(0)
+    weights = np.exp(rng.uniform(np.log(64 << 10), np.log(32 << 20), 200))
+    weights = (weights.astype(np.int64) // 8192) * 8192  # even rows of 4 KiB pages
+    return [int(w) // 2 for w in weights]  # one shard of a 2-way split
+
+
+# ---- workers (one per rank) ------------------------------------------------------------
+
+
+def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], step: Callable[[], None]) -> float:
+    barrier()
+    start = time.perf_counter()
+    step()
+    return slowest(time.perf_counter() - start) * 1e3
+
+
+def mpi_worker(cases: List[str], repeats: int, out: str) -> None:
+    from mpi4py import MPI
+
+    from tensorxfer.resharding.copy_services import MpiCopyService
+
+    comm = MPI.COMM_WORLD
+    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+    results: Dict[str, Dict[str, List[float]]] = {}
+    barrier = comm.Barrier
+    slowest = lambda seconds: comm.allreduce(seconds, op=MPI.MAX)  # noqa: E731
+
+    for case in cases:
+        sizes = case_sizes(case)
+        sends = [np.full(n, rank + 1, np.uint8) for n in sizes]
+        recvs = [np.zeros(n, np.uint8) for n in sizes]
+        samples: Dict[str, List[float]] = {}
+        service = MpiCopyService(timeout=600)
+
+        def copy_service_step() -> None:
+            for i, tensor in enumerate(sends):
+                service.submit_send(tensor, peer, rank * 1_000_000 + i)
+            for i, tensor in enumerate(recvs):
+                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+            service.run()
+
+        def mpi4py_step(window: int) -> Callable[[], None]:
+            def step() -> None:
+                count = len(sends)
+                for start in range(0, count, window):
+                    requests = []
+                    for i in range(start, min(count, start + window)):
+                        requests.append(comm.Irecv(recvs[i], source=peer, tag=i % 32768))
+                        requests.append(comm.Isend(sends[i], dest=peer, tag=i % 32768))
+                    MPI.Request.Waitall(requests)
+            return step
+
+        variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
+        variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
+        for repeat in range(repeats):
+            service.close()
+            service = MpiCopyService(timeout=600)
+            samples.setdefault("tensorxfer mpi (first run)", []).append(timed_step(barrier, slowest, copy_service_step))
+            if repeat == 0:
+                assert all(r[0] == peer + 1 and r[-1] == peer + 1 for r in recvs if r.size), "wrong bytes received"
+            for _ in range(2):
+                samples.setdefault("tensorxfer mpi (repeat)", []).append(timed_step(barrier, slowest, copy_service_step))
+            for name, step in variants.items():
+                samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
+        service.close()
+        results[case] = samples
+        del sends, recvs
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+
+
+def torch_worker(rank: int, init: str, cases: List[str], repeats: int, out: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from tensorxfer.resharding.copy_services import TorchDistributedCopyService
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=600))
+    peer = 1 - rank
+    results: Dict[str, Dict[str, List[float]]] = {}
+
+    def slowest(seconds: float) -> float:
+        value = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+    for case in cases:
+        sizes = case_sizes(case)
+        sends = [torch.full((n,), rank + 1, dtype=torch.uint8) for n in sizes]
+        recvs = [torch.zeros(n, dtype=torch.uint8) for n in sizes]
+        samples: Dict[str, List[float]] = {}
+        service = TorchDistributedCopyService(timeout=600)
+
+        def copy_service_step() -> None:
+            for i, tensor in enumerate(sends):
+                service.submit_send(tensor, peer, rank * 1_000_000 + i)
+            for i, tensor in enumerate(recvs):
+                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+            service.run()
+
+        def gloo_step(window: int) -> Callable[[], None]:
+            def step() -> None:
+                count = len(sends)
+                for start in range(0, count, window):
+                    operations = [dist.P2POp(dist.irecv, recvs[i], peer, tag=i) for i in range(start, min(count, start + window))]
+                    operations += [dist.P2POp(dist.isend, sends[i], peer, tag=i) for i in range(start, min(count, start + window))]
+                    for work in dist.batch_isend_irecv(operations):
+                        work.wait()
+            return step
+
+        variants = {"gloo batch_isend_irecv w1024": gloo_step(1024), "gloo batch_isend_irecv wall": gloo_step(len(sends))}
+        for repeat in range(repeats):
+            service.close()
+            service = TorchDistributedCopyService(timeout=600)
+            samples.setdefault("tensorxfer torch (first run)", []).append(timed_step(dist.barrier, slowest, copy_service_step))
+            if repeat == 0:
+                assert all(int(r[0]) == peer + 1 and int(r[-1]) == peer + 1 for r in recvs if r.numel()), "wrong bytes"
+            for _ in range(2):
+                samples.setdefault("tensorxfer torch (repeat)", []).append(timed_step(dist.barrier, slowest, copy_service_step))
+            for name, step in variants.items():
+                samples.setdefault(name, []).append(timed_step(dist.barrier, slowest, step))
+        service.close()
+        results[case] = samples
+        del sends, recvs
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+# ---- the driver --------------------------------------------------------------------------
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def run_mpi(cases: List[str], repeats: int, work: str) -> Dict:
+    mpirun = Path(sys.executable).with_name("mpirun")
+    out = os.path.join(work, "mpi.json")
+    command = [str(mpirun) if mpirun.exists() else "mpirun", "-n", "2", sys.executable, __file__, "--worker", "mpi",
+               "--cases", ",".join(cases), "--repeats", str(repeats), "--out", out]
+    subprocess.run(command, env=_env(), check=True)
+    return json.loads(Path(out).read_text())
+
+
+def run_torch(cases: List[str], repeats: int, work: str) -> Dict:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = os.path.join(work, "torch.json")
+    processes = [subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--rank", str(rank),
+                                   "--init", f"tcp://127.0.0.1:{port}", "--cases", ",".join(cases),
+                                   "--repeats", str(repeats), "--out", out], env=_env()) for rank in range(2)]
+    for process in processes:
+        if process.wait() != 0:
+            raise SystemExit(f"torch worker failed with exit code {process.returncode}")
+    return json.loads(Path(out).read_text())
+
+
+def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict):
+    sys.path.insert(0, str(HERE))
+    from _report import Report
+
+    report = Report("copy services: 2 ranks, each way (ms per step, slower rank)",
+                    {"cases": {c: CASE_NAMES[c] for c in cases}, "repeats": repeats,
+                     "bytes_each_way": {c: sum(case_sizes(c)) for c in cases}})
+    for backend, results, ours, prefix in (("mpi", mpi, "tensorxfer mpi", "mpi4py"),
+                                           ("torch", torch_results, "tensorxfer torch", "gloo")):
+        for case in cases:
+            if case not in results:
+                continue
+            name = CASE_NAMES[case]
+            for variant, samples in results[case].items():
+                report.add(name, variant, "time", samples, "ms", lower_is_better=True)
+            baselines = {v: report.find(name, v, "time").value for v in results[case] if v.startswith(prefix)}
+            best = min(baselines, key=baselines.get)
+            report.compare(name, "time", f"{ours} (repeat)", best, TARGETS.get((case, backend)))
+            report.compare(name, "time", f"{ours} (first run)", best)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="a,b,c")
+    parser.add_argument("--backends", default="mpi,torch")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--worker", choices=["mpi", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--init", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    for case in cases:
+        if case not in CASE_NAMES:
+            parser.error(f"--cases: expected letters from {sorted(CASE_NAMES)}, got {case!r}")
+    if args.worker == "mpi":
+        return mpi_worker(cases, args.repeats, args.out)
+    if args.worker == "torch":
+        return torch_worker(args.rank, args.init, cases, args.repeats, args.out)
+    backends = args.backends.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench-copy-services-") as work:
+        mpi = run_mpi(cases, args.repeats, work) if "mpi" in backends else {}
+        torch_results = run_torch(cases, args.repeats, work) if "torch" in backends else {}
+    report = build_report(cases, args.repeats, mpi, torch_results)
+    from tensorxfer.benchmarks.report import machine_info
+
+    print(f"CPU: {machine_info().get('cpu_model')}  ({os.cpu_count()} CPUs)")
+    print(report.table())
+    json_path, png_path = report.write(args.json.parent, args.json.stem)
+    print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""How the copy services see user tensors: as host byte spans, or as objects
+to stage when they are not contiguous (private).
+
+Tensors are numpy arrays or torch tensors; other buffer-protocol / DLPack
+objects are wrapped once at submit time. Every copy moves bytes: a send and
+its receive must agree in byte size, not in dtype or shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tensorxfer import _core
+from tensorxfer.ipc.pack import default_copy_engine
+
+
+class TensorInfo(NamedTuple):
+    """What a run needs to know about one submitted tensor."""
+
+    address: int  # first byte (meaningful when contiguous)
+    nbytes: int
+    contiguous: bool
+    host: bool
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_torch(obj: Any) -> bool:
+    """True for torch tensors (without importing torch)."""
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def normalize_fast(obj: Any, argument: str, writable: bool, host_only: bool, backend: str) -> Any:
+    """normalize() plus the host check, with a fast path for the common cases
+    (a writable numpy array, a CPU torch tensor)."""
+    if type(obj) is np.ndarray:
+        if (writable and not obj.flags.writeable) or obj.dtype.hasobject:
+            return normalize(obj, argument, writable)
+        return obj
+    if is_torch(obj):
+        if host_only and not obj.is_cpu:
+            raise ValueError(f"{argument}: {backend} moves host (cpu) tensors only, got one on {obj.device}")
+        return obj
+    return normalize_fast(normalize(obj, argument, writable), argument, writable, host_only, backend)
+
+
+def normalize(obj: Any, argument: str, writable: bool) -> Any:
+    """``obj`` as a numpy array or torch tensor sharing its memory.
+
+    TypeError naming ``argument`` for objects that are neither, nor buffer /
+    DLPack exporters; ValueError for a read-only destination.
+    """
+    if isinstance(obj, np.ndarray) or is_torch(obj):
+        result = obj
+    else:
+        try:
+            result = np.asarray(memoryview(obj))
+        except TypeError:
+            if not hasattr(obj, "__dlpack__"):
+                raise TypeError(
+                    f"{argument}: expected a numpy array, torch tensor, buffer or DLPack object, "
+                    f"got {type(obj).__name__}"
+                ) from None
+            import torch
+
+            result = torch.from_dlpack(obj)
+    if writable and isinstance(result, np.ndarray) and not result.flags.writeable:
+        raise ValueError(f"{argument}: expected a writable array, got a read-only one of shape {result.shape}")
+    if isinstance(result, np.ndarray) and result.dtype.hasobject:
+        raise TypeError(f"{argument}: arrays of Python objects cannot be copied as bytes (dtype {result.dtype})")
+    return result
+
+
+def describe(obj: Any) -> TensorInfo:
+    """Address, byte size, contiguity and host residence of a normalized tensor."""
+    if isinstance(obj, np.ndarray):
+        return TensorInfo(obj.ctypes.data, obj.nbytes, obj.flags.c_contiguous, True)
+    return TensorInfo(obj.data_ptr(), obj.nbytes, obj.is_contiguous(), obj.device.type == "cpu")
+
+
+class Spans(NamedTuple):
+    """TensorInfo of many tensors at once, as arrays."""
+
+    address: np.ndarray  # uint64
+    nbytes: np.ndarray  # int64
+    contiguous: np.ndarray  # bool
+    host: np.ndarray  # bool
+
+
+_CONTIGUOUS, _HOST, _UNKNOWN = 1, 2, 8
+
+
+def describe_many(objects: list) -> Spans:
+    """describe() of every normalized tensor in ``objects``, natively (one call)."""
+    rows = _core.describe_spans(objects)
+    for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
+        info = describe(objects[int(i)])
+        rows[i] = (info.address, info.nbytes, (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
+    flags = rows[:, 2]
+    return Spans(rows[:, 0].copy(), rows[:, 1].astype(np.int64), (flags & _CONTIGUOUS) != 0, (flags & _HOST) != 0)
+
+
+def contiguous(obj: Any) -> Any:
+    """A C-contiguous tensor with obj's contents (obj itself when it already is)."""
+    if isinstance(obj, np.ndarray):
+        return np.ascontiguousarray(obj)
+    return obj.contiguous()
+
+
+def empty_like(obj: Any) -> Any:
+    """A new C-contiguous tensor of obj's shape, dtype and device."""
+    if isinstance(obj, np.ndarray):
+        return np.empty(obj.shape, obj.dtype)
+    return _torch().empty(obj.shape, dtype=obj.dtype, device=obj.device)
+
+
+def flat_bytes(obj: Any) -> Any:
+    """A 1-D uint8 view of a contiguous tensor (same library, same memory)."""
+    if isinstance(obj, np.ndarray):
+        return obj.reshape(-1).view(np.uint8)
+    torch = _torch()
+    flat = obj.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def copy_bytes_into(dst: Any, src: Any) -> None:
+    """Copies the bytes of the contiguous tensor ``src`` into ``dst`` (any layout,
+    any device), read as dst's dtype and shape. Byte sizes must be equal."""
+    src_bytes = flat_bytes(src)
+    if isinstance(dst, np.ndarray):
+        if not isinstance(src_bytes, np.ndarray):
+            src_bytes = src_bytes.cpu().numpy()
+        np.copyto(dst, src_bytes.view(dst.dtype).reshape(dst.shape), casting="no")
+        return
+    torch = _torch()
+    if isinstance(src_bytes, np.ndarray):
+        src_bytes = torch.from_numpy(src_bytes)
+    dst.copy_(src_bytes.view(dst.dtype).view(dst.shape))
+
+
+def copy_host_spans(sources: Any, destinations: Any, nbytes: Any) -> None:
+    """Copies nbytes[i] bytes from host address sources[i] to destinations[i] for
+    every i, natively (GIL released, on the default copy engine's threads)."""
+    spans = np.empty((len(nbytes), 3), np.uint64)
+    spans[:, 0] = sources
+    spans[:, 1] = destinations
+    spans[:, 2] = nbytes
+    _core.copy_spans(spans, default_copy_engine())

@@ -1,0 +1,210 @@
+"""The copy-service interface: batched sends and receives matched by task id.
+
+Every backend queues ``SendOp`` / ``RecvOp`` entries through ``submit_send`` /
+``submit_recv`` and moves them all in ``run()``. A task id is shared by the
+send and the receive of one transfer; same-rank pairs are matched strictly by
+:func:`match_local_ops_by_task_id`.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds ``run()`` waits for its peers unless told otherwise."""
+
+
+@dataclass
+class SendOp:
+    """Single send operation pending in a CopyService queue."""
+
+    task_id: Optional[int]
+    tensor: Any
+    dest_rank: int
+
+
+@dataclass
+class RecvOp:
+    """Single receive operation pending in a CopyService queue."""
+
+    task_id: Optional[int]
+    tensor: Any
+    src_rank: int
+
+
+class TaskMismatchError(RuntimeError):
+    """The sends and receives of a batch do not pair up: a task id with a send
+    but no receive (or the reverse), or a send and a receive of different byte
+    sizes. Raised on every rank of the batch before any byte moves."""
+
+
+def match_local_ops_by_task_id(
+    local_sends: Sequence[Any], local_recvs: Sequence[Any], backend_name: str, rank: int
+) -> List[Tuple[Any, Any]]:
+    """Pair same-rank send/recv ops by task_id, raising on any mismatch.
+
+    Returns ``(send_op, recv_op)`` tuples in receive order. Either op may be a
+    backend-local wrapper exposing ``.task_id``. Raises ``RuntimeError``,
+    checked in this order: a ``None`` task id on either side; different counts
+    or a duplicate send id; a receive whose task id no send has.
+    """
+    if any(op.task_id is None for op in local_sends) or any(op.task_id is None for op in local_recvs):
+        raise RuntimeError(f"{backend_name}: local (same-rank) transfer requires a task_id to match sends with recvs")
+    sends_by_id = {op.task_id: op for op in local_sends}
+    duplicate_id = len(sends_by_id) != len(local_sends) or len({op.task_id for op in local_recvs}) != len(local_recvs)
+    if len(local_sends) != len(local_recvs) or duplicate_id:
+        raise RuntimeError(
+            f"{backend_name}: unmatched local ops on rank {rank}: "
+            f"{len(local_sends)} local sends vs {len(local_recvs)} local recvs"
+        )
+    pairs = []
+    for recv in local_recvs:
+        send = sends_by_id.get(recv.task_id)
+        if send is None:
+            raise RuntimeError(f"{backend_name}: missing local send for task_id={recv.task_id} on rank {rank}")
+        pairs.append((send, recv))
+    return pairs
+
+
+def check_timeout(timeout: Optional[float], argument: str = "timeout") -> Optional[float]:
+    """``timeout`` as a float of seconds (None = wait forever); ValueError/TypeError otherwise."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{argument}: expected seconds (a number) or None, got {type(timeout).__name__}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"{argument}: expected >= 0 seconds or None, got {timeout!r}")
+    return float(timeout)
+
+
+def check_rank(value: Any, world_size: int, argument: str) -> int:
+    """``value`` as a rank in ``[0, world_size)``; TypeError/ValueError naming ``argument`` otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{argument}: expected an integer rank, got bool")
+    try:
+        rank = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{argument}: expected an integer rank, got {type(value).__name__}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{argument}: expected a rank in [0, {world_size}), got {rank}")
+    return rank
+
+
+def check_task_id(value: Any) -> Optional[int]:
+    """``value`` as an int task id or None; TypeError naming ``task_id`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError("task_id: expected an integer or None, got bool")
+    try:
+        task_id = operator.index(value)
+    except TypeError:
+        raise TypeError(f"task_id: expected an integer or None, got {type(value).__name__}") from None
+    if not -(2**63) <= task_id < 2**63:
+        raise ValueError(f"task_id: expected a 64-bit signed integer, got {task_id}")
+    return task_id
+
+
+class CopyService(abc.ABC):
+    """Abstract interface for submitting and executing batched P2P copy operations.
+
+    All backends accept an optional task_id on submit calls: a globally unique
+    identifier shared by the matching send and recv of one transfer. It is
+    required for same-rank (local) matching. ``run()`` executes everything
+    submitted since the last run as one batch, then clears the queue (also when
+    it raises). A service is a context manager; ``close()`` releases what the
+    backend holds, and any later call raises ``RuntimeError``.
+    """
+
+    backend_name = "CopyService"
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.send_ops: List[SendOp] = []
+        self.recv_ops: List[RecvOp] = []
+        self._closed = False
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int:
+        """This process's rank in the service's group."""
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """Ranks in the service's group."""
+
+    @abc.abstractmethod
+    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
+        """Register a tensor send from the current rank to dest_rank."""
+
+    @abc.abstractmethod
+    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
+        """Register a tensor receive into dest_tensor from src_rank."""
+
+    @abc.abstractmethod
+    def run(self) -> None:
+        """Execute all previously submitted send/recv operations as a single batch."""
+
+    def close(self) -> None:
+        """Release backend-owned resources. Idempotent; later calls raise RuntimeError."""
+        self._closed = True
+        self.send_ops = []
+        self.recv_ops = []
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` ran."""
+        return self._closed
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.backend_name}.{call}(): the copy service is closed")
+
+    def _queue_send(self, src_tensor: Any, dest_rank: Any, task_id: Any) -> None:
+        """Checks the arguments of ``submit_send`` and queues the op."""
+        self._check_open("submit_send")
+        if src_tensor is None:
+            raise TypeError("src_tensor: expected a tensor (numpy array or torch tensor), got None")
+        self.send_ops.append(
+            SendOp(check_task_id(task_id), src_tensor, check_rank(dest_rank, self.world_size, "dest_rank"))
+        )
+
+    def _queue_recv(self, dest_tensor: Any, src_rank: Any, task_id: Any) -> None:
+        """Checks the arguments of ``submit_recv`` and queues the op."""
+        self._check_open("submit_recv")
+        if dest_tensor is None:
+            raise TypeError("dest_tensor: expected a tensor (numpy array or torch tensor), got None")
+        self.recv_ops.append(
+            RecvOp(check_task_id(task_id), dest_tensor, check_rank(src_rank, self.world_size, "src_rank"))
+        )
+
+    def _take_ops(self) -> Tuple[List[SendOp], List[RecvOp]]:
+        """The queued ops, leaving the queues empty."""
+        sends, recvs = self.send_ops, self.recv_ops
+        self.send_ops, self.recv_ops = [], []
+        return sends, recvs
+
+    def __enter__(self) -> "CopyService":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.send_ops)} sends, {len(self.recv_ops)} recvs queued"
+        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, {state})"
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "SendOp",
+    "RecvOp",
+    "CopyService",
+    "TaskMismatchError",
+    "match_local_ops_by_task_id",
+]

@@ -1,0 +1,40 @@
+"""``build_copy_service``: a copy service by backend name."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Tuple
+
+from tensorxfer.resharding.copy_services.base import CopyService
+
+# name -> (module, class). A new backend is one entry here.
+BACKENDS: Dict[str, Tuple[str, str]] = {
+    "local": ("tensorxfer.resharding.copy_services.local", "LocalCopyService"),
+    "mpi": ("tensorxfer.resharding.copy_services.mpi", "MpiCopyService"),
+    "torch": ("tensorxfer.resharding.copy_services.torch_distributed", "TorchDistributedCopyService"),
+}
+
+
+def build_copy_service(backend: str, group: Any = None, **options: Any) -> CopyService:
+    """A copy service of the named backend: ``"local"``, ``"mpi"`` or ``"torch"``.
+
+    ``group=None`` means: for ``"torch"`` the default torch.distributed group,
+    for ``"mpi"`` ``MPI.COMM_WORLD`` (else pass an mpi4py communicator), for
+    ``"local"`` a single process. ``options`` go to the backend's constructor
+    (e.g. ``timeout``). ValueError names the known backends for an unknown name.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a name (str), got {type(backend).__name__}")
+    entry = BACKENDS.get(backend.lower())
+    if entry is None:
+        raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+    module_name, class_name = entry
+    service_class = getattr(importlib.import_module(module_name), class_name)
+    if backend.lower() == "local":
+        if options:
+            raise TypeError(f"LocalCopyService takes no options, got {sorted(options)}")
+        return service_class(group)
+    return service_class(group, **options) if backend.lower() != "mpi" else service_class(comm=group, **options)
+
+
+__all__ = ["BACKENDS", "build_copy_service"]

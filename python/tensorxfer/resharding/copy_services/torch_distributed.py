@@ -1,0 +1,155 @@
+"""``TorchDistributedCopyService``: the batched copy service over torch.distributed.
+
+Each window is one ``batch_isend_irecv`` (gloo on CPU tensors, nccl on CUDA
+tensors); small tensors go packed per peer. Gloo's point-to-point work never
+reports completion before ``wait()`` is called, and a wait that times out
+closes the connection, so a run waits once per work with the time left until
+its deadline: a peer that never calls run() raises TimeoutError, one that dies
+raises tensorxfer.PeerLostError (gloo sees the connection close). Ctrl-C is
+handled when the current wait returns.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tensorxfer.errors import PeerLostError
+from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
+
+
+class TorchDistributedCopyService(BatchedCopyService):
+    """Batched send/recv by task id over a torch.distributed process group.
+
+    ``group``: a process group; None = the default group (which must be
+    initialized). Ranks are ranks of ``group``. Every rank of the group must
+    call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
+    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    """
+
+    backend_name = "TorchDistributedCopyService"
+    host_only = False
+
+    def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT, **options: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "TorchDistributedCopyService: torch.distributed is not initialized "
+                "(call torch.distributed.init_process_group first)"
+            )
+        self._torch = torch
+        self._dist = dist
+        self._process_group = group if group is not None else dist.group.WORLD
+        self._rank = dist.get_rank(self._process_group)
+        if self._rank < 0:
+            raise ValueError("group: this process is not a member of the given process group")
+        self._size = dist.get_world_size(self._process_group)
+        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(self._size)]
+        super().__init__(group, timeout=timeout, **options)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return self._size
+
+    def _metadata_device(self) -> Any:
+        backend = str(self._dist.get_backend(self._process_group)).lower()
+        if "nccl" in backend:
+            return self._torch.device("cuda", self._torch.cuda.current_device())
+        return self._torch.device("cpu")
+
+    # ---- transport ----------------------------------------------------------------------
+
+    def _start_all_gather(self, data: bytes) -> Tuple[List[Any], Callable[[], Any]]:
+        torch, dist = self._torch, self._dist
+        device = self._metadata_device()
+        payload = torch.from_numpy(np.frombuffer(data, np.uint8).copy()).to(device)
+        own_size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self._size)]
+        work = dist.all_gather(sizes, own_size, group=self._process_group, async_op=True)
+
+        def gather_data() -> Any:
+            counts = [int(size.item()) for size in sizes]
+            longest = max(counts)
+            padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+            padded[: payload.numel()] = payload
+            outputs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(self._size)]
+            second = dist.all_gather(outputs, padded, group=self._process_group, async_op=True)
+
+            def split() -> List[bytes]:
+                return [output[:count].cpu().numpy().tobytes() for output, count in zip(outputs, counts)]
+
+            return [second], split
+
+        return [work], gather_data
+
+    def _new_staging(self, nbytes: int, like: Any) -> Any:
+        device = like.device if hasattr(like, "device") and not isinstance(like, np.ndarray) else "cpu"
+        return self._torch.empty(max(nbytes, 1), dtype=self._torch.uint8, device=device)
+
+    def _message_tensor(self, tensor: Any, nbytes: int) -> Any:
+        if isinstance(tensor, np.ndarray):
+            tensor = self._torch.from_numpy(tensor)
+        flat = tensor.reshape(-1)
+        if flat.dtype != self._torch.uint8:
+            flat = flat.view(self._torch.uint8)
+        return flat[:nbytes]
+
+    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
+              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+        dist = self._dist
+        operations = []
+        for peer, tag, tensor, _, nbytes in recvs:
+            operations.append(dist.P2POp(dist.irecv, self._message_tensor(tensor, nbytes), self._global_ranks[peer],
+                                         self._process_group, tag))
+        for peer, tag, tensor, _, nbytes in sends:
+            operations.append(dist.P2POp(dist.isend, self._message_tensor(tensor, nbytes), self._global_ranks[peer],
+                                         self._process_group, tag))
+        if not operations:
+            return []
+        return list(dist.batch_isend_irecv(operations))
+
+    def _test_all(self, requests: List[Any]) -> bool:
+        raise NotImplementedError("TorchDistributedCopyService waits with _wait, not by polling")
+
+    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+              peers: Optional[List[int]]) -> None:
+        for work in requests:
+            try:
+                if deadline is None:
+                    work.wait()
+                else:
+                    remaining = max(deadline - time.monotonic(), 0.001)
+                    work.wait(datetime.timedelta(seconds=remaining))
+            except RuntimeError as error:
+                text = str(error)
+                dead = [p for p in range(self._size) if p != self._rank and self._watch is not None
+                        and self._watch.is_dead(p)]
+                if dead:
+                    raise PeerLostError(f"{self.backend_name}: rank {dead[0]} died during {what} "
+                                        f"(rank {self._rank}): {text}") from error
+                if "Timed out" in text or "timed out" in text or "Timeout" in text:
+                    waiting_on = "every rank" if peers is None else f"ranks {peers}"
+                    raise TimeoutError(
+                        f"{self.backend_name}: rank {self._rank} waited {timeout:g} s for {what} with "
+                        f"{waiting_on}; a peer did not call run() or stalled ({text})"
+                    ) from error
+                if "closed" in text or "reset" in text or "Broken pipe" in text:
+                    raise PeerLostError(f"{self.backend_name}: a peer of rank {self._rank} was lost during "
+                                        f"{what}: {text}") from error
+                raise
+
+
+__all__ = ["TorchDistributedCopyService"]

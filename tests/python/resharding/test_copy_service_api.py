@@ -1,0 +1,250 @@
+"""The copy-service API in one process: matching rules and messages, planning,
+the native span copies, the factory and the service life cycle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorxfer import _core
+from tensorxfer.resharding.copy_services import (
+    CopyService,
+    LocalCopyService,
+    RecvOp,
+    SendOp,
+    TaskMismatchError,
+    build_copy_service,
+    match_local_ops_by_task_id,
+)
+from tensorxfer.resharding.copy_services import _planning
+
+# ---- match_local_ops_by_task_id: checks, order and exact messages (DESIGN.md) ----------
+
+
+def sends(*ids):
+    return [SendOp(task_id, None, 0) for task_id in ids]
+
+
+def recvs(*ids):
+    return [RecvOp(task_id, None, 0) for task_id in ids]
+
+
+def test_match_pairs_in_receive_order():
+    s = sends(1, 2, 3)
+    r = recvs(3, 1, 2)
+    pairs = match_local_ops_by_task_id(s, r, "B", 0)
+    assert [(a.task_id, b.task_id) for a, b in pairs] == [(3, 3), (1, 1), (2, 2)]
+    assert all(a is s[a.task_id - 1] for a, _ in pairs)
+
+
+def test_match_none_task_id_is_checked_first():
+    with pytest.raises(RuntimeError) as info:
+        match_local_ops_by_task_id(sends(1, 2), recvs(None), "Backend", 3)  # counts differ too
+    assert str(info.value) == "Backend: local (same-rank) transfer requires a task_id to match sends with recvs"
+    with pytest.raises(RuntimeError, match="requires a task_id"):
+        match_local_ops_by_task_id(sends(None), recvs(1), "Backend", 3)
+
+
+def test_match_counts_and_duplicates():
+    with pytest.raises(RuntimeError) as info:
+        match_local_ops_by_task_id(sends(1, 2), recvs(1), "Backend", 3)
+    assert str(info.value) == "Backend: unmatched local ops on rank 3: 2 local sends vs 1 local recvs"
+    with pytest.raises(RuntimeError) as info:
+        match_local_ops_by_task_id(sends(1, 1), recvs(1, 2), "Backend", 0)
+    assert str(info.value) == "Backend: unmatched local ops on rank 0: 2 local sends vs 2 local recvs"
+    with pytest.raises(RuntimeError, match="unmatched local ops on rank 0: 2 local sends vs 2 local recvs"):
+        match_local_ops_by_task_id(sends(1, 2), recvs(1, 1), "Backend", 0)
+
+
+def test_match_missing_send():
+    with pytest.raises(RuntimeError) as info:
+        match_local_ops_by_task_id(sends(1, 2), recvs(1, 7), "Backend", 5)
+    assert str(info.value) == "Backend: missing local send for task_id=7 on rank 5"
+
+
+def test_match_empty_is_empty():
+    assert match_local_ops_by_task_id([], [], "B", 0) == []
+
+
+# ---- planning -----------------------------------------------------------------------------
+
+
+def table(task_ids, src, dst, nbytes):
+    return _planning.op_table(task_ids, [src] * len(task_ids), [dst] * len(task_ids), nbytes)
+
+
+def test_windows_are_bounded_by_count_and_bytes():
+    sizes = np.array([10] * 25 + [1000] * 5 + [10] * 3, np.int64)
+    windows = _planning.assign_windows(sizes, max_count=8, max_bytes=2000)
+    assert list(windows) == sorted(windows), "windows follow task order"
+    for window in np.unique(windows):
+        members = sizes[windows == window]
+        assert len(members) <= 8
+        assert members.sum() - members[-1] < 2000, "a window closes once a task starts past the byte bound"
+    assert len(np.unique(windows)) >= 6
+
+
+def test_plan_is_the_same_on_every_rank_and_pairs_messages():
+    world = 3
+    rng = np.random.default_rng(5)
+    tables = []
+    ops = {}
+    for rank in range(world):
+        send_ids, send_dst, send_n = [], [], []
+        for peer in range(world):
+            if peer == rank:
+                continue
+            for index in range(40):
+                tid = (rank * world + peer) * 1000 + index
+                ops[tid] = int(rng.choice([0, 8, 4096, 300_000]))
+                send_ids.append(tid)
+                send_dst.append(peer)
+                send_n.append(ops[tid])
+        tables.append([_planning.op_table(send_ids, [rank] * len(send_ids), send_dst, send_n)])
+    for rank in range(world):
+        recv_ids = [tid for tid in ops if tid % 1000 < 40 and (tid // 1000) % world == rank]
+        recv_src = [(tid // 1000) // world for tid in recv_ids]
+        tables[rank].append(_planning.op_table(recv_ids, recv_src, [rank] * len(recv_ids), [ops[t] for t in recv_ids]))
+    plans = [_planning.build_plan("B", rank, [tuple(t) for t in tables], [], 16, 1 << 20, 128 << 10)
+             for rank in range(world)]
+    # Every message a rank sends is received by its peer in the same window with the same tag and size.
+    for rank, plan in enumerate(plans):
+        assert len(plan.windows) >= 2
+        for window in plan.windows:
+            w = window.index
+            for message in window.sends_packed:
+                peer_window = next(x for x in plans[message.peer].windows if x.index == w)
+                match = [m for m in peer_window.recvs_packed if m.peer == rank]
+                assert len(match) == 1 and match[0].tag == message.tag and match[0].total == message.total
+                assert all(n < (128 << 10) for n in message.nbytes)
+            for message in window.sends_single:
+                peer_window = next(x for x in plans[message.peer].windows if x.index == w)
+                match = [m for m in peer_window.recvs_single if m.peer == rank and m.tag == message.tag]
+                assert len(match) == 1 and match[0].nbytes == message.nbytes >= (128 << 10)
+
+
+def test_plan_mismatches_name_the_task_and_both_sizes():
+    s = table([1, 2], 0, 1, [8, 8])
+    r = table([1, 2], 0, 1, [8, 16])
+    empty = table([], 0, 0, [])
+    with pytest.raises(TaskMismatchError) as info:
+        _planning.build_plan("B", 0, [(s, empty), (empty, r)], [], 16, 1 << 20, 1024)
+    assert str(info.value) == "B: size mismatch for task_id=2: rank 0 sends 8 bytes, rank 1 receives 16 bytes"
+    with pytest.raises(TaskMismatchError, match="missing recv for task_id=2: rank 0 sends 8 bytes to rank 1"):
+        _planning.build_plan("B", 0, [(s, empty), (empty, table([1], 0, 1, [8]))], [], 16, 1 << 20, 1024)
+    with pytest.raises(TaskMismatchError, match="missing send for task_id=3: rank 1 receives 8 bytes from rank 0"):
+        _planning.build_plan("B", 0, [(s, empty), (empty, table([1, 2, 3], 0, 1, [8, 8, 8]))], [], 16, 1 << 20, 1024)
+    with pytest.raises(TaskMismatchError, match="task_id=1 is sent twice"):
+        _planning.build_plan("B", 0, [(s, empty), (table([1], 1, 0, [8]), r)], [], 16, 1 << 20, 1024)
+    with pytest.raises(TaskMismatchError, match="task_id=2: rank 0 sends it to rank 1, but rank 2 expects it"):
+        r2 = np.concatenate([table([1], 0, 1, [8]), table([2], 0, 2, [8])])
+        _planning.build_plan("B", 0, [(s, empty), (empty, r2)], [], 16, 1 << 20, 1024)
+
+
+def test_digest_changes_with_any_op():
+    a = table([1, 2], 0, 1, [8, 8])
+    b = table([1, 2], 0, 1, [8, 9])
+    assert _planning.digest(a) != _planning.digest(b)
+    assert _planning.digest(a) == _planning.digest(table([1, 2], 0, 1, [8, 8]))
+
+
+def test_tables_round_trip_and_reject_bad_bytes():
+    s, r = table([5, 6], 0, 1, [1, 2]), table([7], 1, 0, [3])
+    s2, r2 = _planning.decode_tables(_planning.encode_tables(s, r))
+    assert np.array_equal(s, s2) and np.array_equal(r, r2)
+    with pytest.raises(ValueError, match="op tables"):
+        _planning.decode_tables(_planning.encode_tables(s, r)[:-8])
+
+
+# ---- native span copies --------------------------------------------------------------------
+
+
+def test_pack_and_unpack_spans_round_trip():
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 255, size, dtype=np.uint8) for size in (0, 1, 4096, 70_000, 3)]
+    addresses = np.array([p.ctypes.data for p in parts], np.uint64)
+    nbytes = np.array([p.nbytes for p in parts], np.uint64)
+    packed = np.zeros(int(nbytes.sum()) + 5, np.uint8)
+    _core.pack_spans(packed, addresses, nbytes)
+    assert np.array_equal(packed[: int(nbytes.sum())], np.concatenate(parts))
+    outs = [np.zeros_like(p) for p in parts]
+    _core.unpack_spans(packed, np.array([o.ctypes.data for o in outs], np.uint64), nbytes, _core.CopyEngine(2))
+    for got, want in zip(outs, parts):
+        assert np.array_equal(got, want)
+
+
+def test_pack_spans_checks_capacity_and_shapes():
+    part = np.ones(10, np.uint8)
+    with pytest.raises(ValueError, match="dst holds 9 bytes, the 1 spans need 10"):
+        _core.pack_spans(np.zeros(9, np.uint8), np.array([part.ctypes.data], np.uint64), np.array([10], np.uint64))
+    with pytest.raises(ValueError, match="nbytes"):
+        _core.pack_spans(np.zeros(20, np.uint8), np.array([part.ctypes.data], np.uint64), np.array([1, 2], np.uint64))
+
+
+def test_copy_spans_rows_are_src_dst_nbytes():
+    src = np.arange(1000, dtype=np.uint8)
+    dst = np.zeros(1000, np.uint8)
+    spans = np.array([[src.ctypes.data, dst.ctypes.data + 500, 100], [src.ctypes.data + 100, dst.ctypes.data, 7]],
+                     np.uint64)
+    _core.copy_spans(spans)
+    assert np.array_equal(dst[500:600], src[:100]) and np.array_equal(dst[:7], src[100:107])
+    assert not dst[7:500].any() and not dst[600:].any()
+    with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
+        _core.copy_spans(np.zeros((2, 2), np.uint64))
+    with pytest.raises(ValueError, match="overlap"):
+        _core.copy_spans(np.array([[src.ctypes.data, src.ctypes.data + 4, 8]], np.uint64))
+
+
+# ---- factory and life cycle --------------------------------------------------------------
+
+
+def test_factory_names():
+    service = build_copy_service("local")
+    assert isinstance(service, LocalCopyService) and isinstance(service, CopyService)
+    assert (service.rank, service.world_size) == (0, 1)
+    with pytest.raises(ValueError, match=r"expected one of \['local', 'mpi', 'torch'\], got 'nccl'"):
+        build_copy_service("nccl")
+    with pytest.raises(TypeError, match="backend"):
+        build_copy_service(3)
+
+
+def test_torch_backend_without_a_process_group_says_so():
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        build_copy_service("torch")
+
+
+def test_local_service_life_cycle():
+    a = np.arange(6, dtype=np.int16)
+    b = np.zeros(6, np.int16)
+    with build_copy_service("local") as service:
+        service.submit_send(a, 0, 1)
+        service.submit_recv(b, 0, 1)
+        a += 1  # local copies read the source at run(), after the caller's writes
+        service.run()
+        assert np.array_equal(b, np.arange(1, 7))
+        assert service.send_ops == [] and service.recv_ops == []
+        with pytest.raises(ValueError, match=r"dest_rank: expected a rank in \[0, 1\), got 1"):
+            service.submit_send(a, 1, 2)
+        assert service.send_ops == []
+    assert service.closed
+    for call in (lambda: service.submit_send(a, 0, 1), lambda: service.submit_recv(b, 0, 1), service.run):
+        with pytest.raises(RuntimeError, match="the copy service is closed"):
+            call()
+
+
+def test_local_service_clears_the_queue_when_run_raises():
+    service = LocalCopyService()
+    service.submit_send(np.zeros(3, np.uint8), 0, 1)
+    with pytest.raises(RuntimeError, match="unmatched local ops"):
+        service.run()
+    assert service.send_ops == [] and service.recv_ops == []
+    out = np.zeros(3, np.uint8)
+    service.submit_send(np.ones(3, np.uint8), 0, 2)
+    service.submit_recv(out, 0, 2)
+    service.run()
+    assert out.tolist() == [1, 1, 1]
