@@ -119,8 +119,7 @@ struct Communicator::Call {
                    : now + std::chrono::duration_cast<sync::WaitClock::duration>(timeout);
     watch = [this] {
       if (this->hook) this->hook();
-      this->owner.memory_.check_peers_alive();
-      if (this->owner.peer_check_) this->owner.peer_check_();
+      this->owner.check_peers();
     };
   }
 
@@ -178,6 +177,41 @@ std::byte* Communicator::window(int rank, uint64_t sequence) const noexcept {
 
 std::byte* Communicator::buffer(int rank) const noexcept {
   return memory_.is_closed() ? nullptr : memory_.data(rank) + 2 * stage_nbytes_;
+}
+
+void Communicator::check_peers() {
+  const int me = rank();
+  // A peer that gave up because some rank died names that rank; say so
+  // before looking at liveness (the peer may have closed since).
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == me) continue;
+    // acquire: pairs with the release in record_lost_rank.
+    const uint32_t lost = memory_.wake_line(r).lost_rank.load(std::memory_order_acquire);
+    if (lost != 0) {
+      record_lost_rank(static_cast<int>(lost) - 1);
+      throw PeerLost(detail::concat("Communicator: rank ", lost - 1, " was lost (rank ", r,
+                                    " noticed and gave up); rank ", me, " cannot complete the collective"));
+    }
+  }
+  try {
+    memory_.check_peers_alive();
+  } catch (const PeerLost&) {
+    for (int q = 0; q < world_size(); ++q) {  // which one, to tell the others
+      if (q != me && !memory_.peer_alive(q)) {
+        record_lost_rank(q);
+        break;
+      }
+    }
+    throw;
+  }
+  if (peer_check_) peer_check_();
+}
+
+void Communicator::record_lost_rank(int lost) noexcept {
+  auto& word = memory_.wake_line(rank()).lost_rank;
+  uint32_t expected = 0;
+  // release: peers that read it (acquire) see a rank number written once.
+  (void)word.compare_exchange(expected, static_cast<uint32_t>(lost + 1), std::memory_order_release);
 }
 
 void Communicator::check_usable(const char* operation) const {

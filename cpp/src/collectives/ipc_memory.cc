@@ -55,12 +55,18 @@ class HostBacking final : public IpcMemory::Backing {
 
   void release_handles() noexcept override { own_.unlink(); }
 
+  bool peer_alive(int rank) const noexcept override {
+    const auto& peer = peers_[static_cast<std::size_t>(rank)];
+    return !peer || peer->owner_alive();
+  }
+
   void check_peers_alive() const override {
     for (std::size_t rank = 0; rank < peers_.size(); ++rank) {
       const auto& peer = peers_[rank];
       if (peer && !peer->owner_alive()) {
         throw PeerLost(detail::concat("IpcMemory: rank ", rank, " (", peer->owner().describe(),
-                                      ") has exited; rank ", rank_, " cannot complete the collective"));
+                                      ") has exited or closed its IpcMemory; rank ", rank_,
+                                      " cannot complete the collective"));
       }
     }
   }
@@ -140,7 +146,7 @@ void IpcMemory::map_peers(const std::vector<std::string>& handles) {
     remote_data[index] = base + layout.data_offset;
     barrier_in[index] = base + layout.barrier_in_offset;
     barrier_out[index] = base + layout.barrier_out_offset;
-    wake_[index] = &reinterpret_cast<WakeLine*>(base + layout.wake_offset)->wake;
+    wake_[index] = reinterpret_cast<WakeLine*>(base + layout.wake_offset);
   }
 }
 
@@ -181,7 +187,10 @@ bool IpcMemory::is_mapped() const noexcept {
 
 bool IpcMemory::is_closed() const noexcept { return backing_ == nullptr; }
 
-sync::EventCount& IpcMemory::wake(int rank) const noexcept { return *wake_[static_cast<std::size_t>(rank)]; }
+
+bool IpcMemory::peer_alive(int rank) const noexcept {
+  return backing_ == nullptr || rank < 0 || rank >= num_workers || backing_->peer_alive(rank);
+}
 
 void IpcMemory::check_peers_alive() const {
   TENSORXFER_CHECK(InvalidArgument, backing_ != nullptr, "IpcMemory: closed");

@@ -23,6 +23,8 @@ struct IpcMemory::Backing {
   virtual void release_handles() noexcept = 0;
   // Throws PeerLost naming the lowest rank whose region's creator exited.
   virtual void check_peers_alive() const = 0;
+  // False once rank `rank`'s creator exited or closed (true when it cannot tell).
+  virtual bool peer_alive(int rank) const noexcept = 0;
   virtual void close() noexcept = 0;
 };
 

@@ -310,3 +310,21 @@ def barrier_until_interrupted(directory: str, ready_path: str) -> int:
 
 def _exit_with(function, *args) -> None:
     raise SystemExit(function(*args))
+
+
+def join_group_and_all_reduce(group_name: str, rank: int, world: int, queue) -> None:
+    """A real tensorxfer LocalGroup (joined by name) under a Communicator: sums of several sizes."""
+    try:
+        from tensorxfer.runtime import Communicator, LocalGroup
+
+        with LocalGroup.join(group_name, rank=rank, world_size=world, timeout=60) as group:
+            with Communicator(group, max_bytes=4096, timeout=60) as comm:
+                results = []
+                for count in (1, 1000, 3000):
+                    x = np.full(count, rank + 1, np.float64)
+                    comm.all_reduce(x, timeout=60)
+                    assert np.all(x == world * (world + 1) / 2), x[:3]
+                    results.append(x)
+                queue.put((rank, digest(results)))
+    except BaseException:
+        queue.put((rank, ("error", f"rank {rank}:\n{traceback.format_exc()}")))

@@ -233,3 +233,28 @@ def test_ctrl_c_ends_a_wait_without_timeout(tmp_path):
             process.kill()
             process.join()
     assert process.exitcode == 42
+
+
+@pytest.mark.multiprocess
+def test_communicator_on_a_joined_local_group(tmp_path):
+    world = 3
+    name = f"h7-collectives-{os.getpid()}-{tmp_path.name}"
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=workers.join_group_and_all_reduce, args=(name, rank, world, queue))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    try:
+        results = dict(queue.get(timeout=90) for _ in range(world))
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        queue.close()
+        queue.join_thread()
+    errors = [value for value in results.values() if isinstance(value, tuple)]
+    assert not errors, errors
+    assert len(set(results.values())) == 1

@@ -117,6 +117,11 @@ class Communicator {
   uint64_t start_barrier(Call& call, const OpDescriptor& descriptor);
   void out_barrier(Call& call, const char* stage);
   void check_usable(const char* operation) const;
+  // Every wait slice: a peer that gave up over a lost rank, then peer
+  // liveness, then peer_check_. Throws PeerLost naming the lost rank.
+  void check_peers();
+  // Tells the peers (lost_rank in this rank's WakeLine) which rank was lost; first one wins.
+  void record_lost_rank(int lost) noexcept;
   // Runs `body` under the operation lock after check_usable; a failure inside
   // leaves the ranks out of step, so it marks the communicator unusable.
   template <typename Body>

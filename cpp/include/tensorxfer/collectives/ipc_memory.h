@@ -88,12 +88,15 @@ class IpcMemory {
   // Typed access to rank `rank`'s signal words (host memory only).
   FlagLine* in_lines(int rank) const noexcept { return static_cast<FlagLine*>(barrier_in[rank]); }
   FlagLine* out_lines(int rank) const noexcept { return static_cast<FlagLine*>(barrier_out[rank]); }
-  sync::EventCount& wake(int rank) const noexcept;
+  sync::EventCount& wake(int rank) const noexcept { return wake_line(rank).wake; }
+  WakeLine& wake_line(int rank) const noexcept { return *wake_[static_cast<std::size_t>(rank)]; }
   std::byte* data(int rank) const noexcept { return static_cast<std::byte*>(remote_data[rank]); }
 
   // Throws PeerLost naming the lowest rank whose region's creator has exited
-  // (host: the segment owner's process identity). Costs a /proc read per peer.
+  // or closed its IpcMemory (host: the segment's liveness lock). One fcntl per peer.
   void check_peers_alive() const;
+  // False once rank `rank`'s creator exited or closed; true when it cannot tell.
+  bool peer_alive(int rank) const noexcept;
 
   // Ends this rank's use: host segments are detached (and unlinked) but stay
   // mapped until destruction, so views made earlier never dangle; CUDA handles
@@ -109,7 +112,7 @@ class IpcMemory {
 
   std::unique_ptr<Backing> backing_;
   std::unique_ptr<Backing> retired_;  // closed, still mapped until destruction
-  std::vector<sync::EventCount*> wake_;
+  std::vector<WakeLine*> wake_;
   std::size_t data_nbytes_ = 0;
 };
 

@@ -19,6 +19,11 @@
 //   wake of rank r            bumped by any rank j after it wrote one of rank
 //                             r's flags (EventCount::notify_all); rank r
 //                             sleeps on it when a spin found a flag missing.
+//   lost_rank of rank r       written by rank r only (release), once, when it
+//                             gives up because rank lost_rank - 1 died; read by
+//                             every rank's liveness watch (acquire), so a rank
+//                             that gave up and closed is not mistaken for the
+//                             lost one. 0: none.
 //   barrier_in[j].descriptor[s % 2] of rank r
 //                             written by rank j just before its flag store for
 //                             the start barrier of its operation number s (plain
@@ -87,8 +92,9 @@ struct SignalHeader {
 static_assert(std::is_trivially_copyable_v<SignalHeader> && sizeof(SignalHeader) == 64);
 
 struct alignas(kCacheLine) WakeLine {
-  sync::EventCount wake;  // see the table above
-  uint8_t padding[kCacheLine - sizeof(sync::EventCount)];
+  sync::EventCount wake;         // see the table above
+  sync::SharedWord32 lost_rank;  // see the table above
+  uint8_t padding[kCacheLine - sizeof(sync::EventCount) - sizeof(sync::SharedWord32)];
 };
 static_assert(std::is_trivially_copyable_v<WakeLine> && sizeof(WakeLine) == kCacheLine);
 
