@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -494,6 +494,47 @@ class CudaCopySubmitter:
     @property
     def device(self) -> int:
         ...
+class PipelinePlan:
+    """
+    One rank's iterations of a transfer schedule (native).
+    """
+    @staticmethod
+    def from_iterations(iterations: list) -> PipelinePlan:
+        """
+        From [(send batch or None, receive batch or None), ...] per iteration.
+        """
+    @property
+    def num_batches(self) -> int:
+        ...
+    @property
+    def num_iterations(self) -> int:
+        ...
+class PipelineExecutor:
+    """
+    Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).
+    """
+    def __init__(self, memory: IpcMemory, group: LocalGroup, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, engine: CopyEngine) -> None:
+        ...
+    def execute(self, plan: PipelinePlan, timeout: float | None = None) -> None:
+        """
+        Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.
+        """
+    def launch_pack(self, iteration: typing.SupportsInt | typing.SupportsIndex, batch: typing.Any) -> None:
+        ...
+    def launch_unpack(self, iteration: typing.SupportsInt | typing.SupportsIndex, batch: typing.Any) -> None:
+        ...
+    def set_task_memory(self, send_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64]) -> None:
+        """
+        Where each task's bytes live on this rank; the caller keeps that memory alive until the next call.
+        """
+    def synchronize(self) -> None:
+        """
+        Waits for launched packs and unpacks.
+        """
+def allow_memory_readers() -> bool:
+    """
+    Lets this user's other processes read this one's memory under Yama ptrace_scope 1.
+    """
 def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
 def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
@@ -564,6 +605,12 @@ def page_size() -> int:
     """
     The system page size in bytes.
     """
+def pipeline_region_nbytes(slot_nbytes: typing.SupportsInt | typing.SupportsIndex) -> int:
+    ...
+def plan_pipeline(tasks: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex, my_pe: typing.SupportsInt | typing.SupportsIndex) -> PipelinePlan:
+    """
+    Rank my_pe's plan from matched (task_id, nbytes, src_rank, dest_rank) rows (every rank gets the same schedule).
+    """
 def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -> dict:
     """
     Prefault every page the view covers (MADV_POPULATE_*, else touching) and hint MADV_WILLNEED.
@@ -573,6 +620,14 @@ def prefer_local_numa_node(view: TensorView, argument: str) -> int:
 def probe_futex_across_processes() -> tuple[bool, str]:
     """
     (works, detail): whether a futex wake reaches a sleeper in another process (forks a child).
+    """
+def probe_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, expected: bytes) -> bool:
+    """
+    True if the bytes at `address` in `pid` can be read and equal `expected` (at most 4096 bytes).
+    """
+def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, dst: typing.Any, engine: CopyEngine) -> None:
+    """
+    Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).
     """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...

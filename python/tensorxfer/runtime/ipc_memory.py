@@ -26,8 +26,15 @@ from tensorxfer import _core
 class GroupLike(Protocol):
     """What :meth:`IpcMemory.create` needs from a group (``tensorxfer.runtime.LocalGroup``)."""
 
-    rank: int
-    world_size: int
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks the group has."""
+        ...
 
     def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None) -> Sequence[bytes]:
         """Every rank's ``data`` in rank order."""

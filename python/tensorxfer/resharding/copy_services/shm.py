@@ -122,7 +122,7 @@ class ShmCopyService(BatchedCopyService):
     def close(self) -> None:
         """Unmaps the slots and (if this service made it) leaves the group."""
         if not self._closed:
-            self._executor = None
+            del self._executor  # the native executor before the memory it points into
             self._memory.close()
             if self._owns_group:
                 self._local.close()
@@ -214,8 +214,8 @@ class ShmCopyService(BatchedCopyService):
 
     # ---- execution ----------------------------------------------------------------------
 
-    def _execute(self, plan: ShmPlan, send_ops, send_spans: _tensors.Spans, recv_ops, recv_spans: _tensors.Spans,
-                 deadline, timeout) -> None:
+    def _execute(self, plan: Any, send_ops: List[Any], send_spans: _tensors.Spans, recv_ops: List[Any],
+                 recv_spans: _tensors.Spans, deadline: Optional[float], timeout: Optional[float]) -> None:
         # Sources as they are now (non-contiguous ones copied once); destinations as
         # the copies see them (non-contiguous ones staged, copied back at the end).
         send_objects = [op.tensor for op in send_ops]
