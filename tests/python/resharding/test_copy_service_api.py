@@ -202,7 +202,7 @@ def test_factory_names():
     service = build_copy_service("local")
     assert isinstance(service, LocalCopyService) and isinstance(service, CopyService)
     assert (service.rank, service.world_size) == (0, 1)
-    with pytest.raises(ValueError, match=r"expected one of \['local', 'mpi', 'torch'\], got 'nccl'"):
+    with pytest.raises(ValueError, match=r"expected one of \['local', 'mpi', 'shm', 'torch'\], got 'nccl'"):
         build_copy_service("nccl")
     with pytest.raises(TypeError, match="backend"):
         build_copy_service(3)
