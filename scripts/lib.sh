@@ -2,6 +2,9 @@
 # Installs only what is missing: Debian packages, a virtual environment, the package.
 
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# libdlpack-dev and libnuma-dev are optional for the package (it declares the DLPack ABI itself
+# and runs without libnuma); the tests use them: DlpackAbiTest compares the two DLPack
+# declarations, the NUMA tests need libnuma.
 DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev libnuma-dev
                  libgtest-dev libbenchmark-dev)
 TORCH_VERSION=2.13.0

@@ -16,8 +16,11 @@ make_venv "$VENV"
 install_package "$VENV" "torch,test"
 
 log "C++ tests (GoogleTest via ctest)"
+# With the project's own DLPack declaration whatever the system has, as a machine without
+# libdlpack-dev builds it; DlpackAbiTest compares it with the system header when there is one.
 cmake -S "$TOP" -B "$BUILD/cpp-tests" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=ON -DTENSORXFER_BUILD_PYTHON=OFF >/dev/null
+  -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=ON -DTENSORXFER_BUILD_PYTHON=OFF \
+  -DTENSORXFER_USE_SYSTEM_DLPACK=OFF >/dev/null
 cmake --build "$BUILD/cpp-tests" -j2
 # Serially: segment tests leave dead creators' segments on purpose, and a concurrent
 # test's ShmSegment::create sweeps such segments away (correctly) under them.
@@ -32,4 +35,9 @@ where = os.path.dirname(tensorxfer.__file__)
 assert "site-packages" in where, f"tensorxfer imported from {where}, not the installed package"
 print(f"testing tensorxfer {tensorxfer.__version__} installed at {where}", file=sys.stderr)
 PY
+
+log "type stub and annotations (pybind11-stubgen, mypy)"
+PYTHON="$VENV/bin/python" bash "$TOP/scripts/gen_stubs.sh" --installed --check
+"$VENV/bin/python" -m mypy examples   # against the installed package: py.typed and _core.pyi
+"$VENV/bin/python" -m mypy            # the package sources and the examples ([tool.mypy] in pyproject.toml)
 exec "$VENV/bin/python" -m pytest tests/python -p no:cacheprovider "$@"

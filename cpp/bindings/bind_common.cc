@@ -2,11 +2,11 @@
 #include <Python.h>
 
 #include <cstring>
-#include <dlpack/dlpack.h>
 
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "tensorxfer/common/dlpack.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::bindings {

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_core, module) {
   bind_runtime(module);
   bind_copy(module);
   bind_ipc(module);
+  bind_cuda(module);
   bind_resharding(module);
 }
 

@@ -11,14 +11,8 @@ Subpackages:
 Importing the package prints nothing and starts no threads.
 """
 
-import pkgutil as _pkgutil
-
-# A developer build keeps the extension in <build>/python/tensorxfer; with that
-# directory on sys.path after the sources, both halves form one package.
-__path__ = _pkgutil.extend_path(__path__, __name__)
-
-from tensorxfer import _core  # noqa: E402
-from tensorxfer.errors import (  # noqa: E402
+from tensorxfer import _core
+from tensorxfer.errors import (
     CorruptSegmentError,
     PeerLost,
     PeerLostError,

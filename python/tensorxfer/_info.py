@@ -216,10 +216,11 @@ def collect() -> dict[str, Any]:
 def _bytes(value: int | None) -> str:
     if value is None:
         return "unknown"
+    scaled = float(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
-        value /= 1024
+        if scaled < 1024 or unit == "TiB":
+            return f"{scaled:.1f} {unit}" if unit != "B" else f"{value} B"
+        scaled /= 1024
     return str(value)
 
 

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <string>
 
+#include "tensorxfer/common/cuda_runtime_calls.h"
 #include "tensorxfer/common/error.h"
 
 #ifdef TENSORXFER_WITH_CUDA
@@ -15,13 +16,14 @@ namespace {
 #ifdef TENSORXFER_WITH_CUDA
 
 std::string describe_cuda_error(cudaError_t error) {
-  return std::string(cudaGetErrorString(error)) + " (" + cudaGetErrorName(error) + ")";
+  return std::string(TENSORXFER_CUDA_CALL(cudaGetErrorString(error))) + " (" +
+         TENSORXFER_CUDA_CALL(cudaGetErrorName(error)) + ")";
 }
 
 // Throws the tensorxfer error matching a failed CUDA call; clears the runtime's last error.
 void check_cuda(cudaError_t error, const std::string& call) {
   if (error == cudaSuccess) return;
-  (void)cudaGetLastError();
+  (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
   const std::string message = call + " failed: " + describe_cuda_error(error);
   switch (error) {
     case cudaErrorInvalidValue:
@@ -56,12 +58,14 @@ cudaMemLocation location_of(int device) {
 class CurrentDevice {
  public:
   explicit CurrentDevice(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaGetDevice(&previous_)), "cudaGetDevice");
+    if (device != previous_) {
+      check_cuda(TENSORXFER_CUDA_CALL(cudaSetDevice(device)), "cudaSetDevice(" + std::to_string(device) + ")");
+    }
   }
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;
-  ~CurrentDevice() { (void)cudaSetDevice(previous_); }
+  ~CurrentDevice() { (void)TENSORXFER_CUDA_CALL(cudaSetDevice(previous_)); }
 
  private:
   int previous_ = 0;
@@ -109,9 +113,9 @@ CudaStatus cuda_status() noexcept {
   status.compiled = true;
   status.runtime_version = CUDART_VERSION;
   int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
+  const cudaError_t error = TENSORXFER_CUDA_CALL(cudaGetDeviceCount(&count));
   if (error != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
     status.reason = "cudaGetDeviceCount failed: " + describe_cuda_error(error);
   } else if (count == 0) {
     status.reason = "cudaGetDeviceCount reports no CUDA device";
@@ -142,7 +146,7 @@ bool concurrent_managed_access(int device) {
   require_gpu(device, "concurrent_managed_access");
 #ifdef TENSORXFER_WITH_CUDA
   int value = 0;
-  check_cuda(cudaDeviceGetAttribute(&value, cudaDevAttrConcurrentManagedAccess, device),
+  check_cuda(TENSORXFER_CUDA_CALL(cudaDeviceGetAttribute(&value, cudaDevAttrConcurrentManagedAccess, device)),
              "cudaDeviceGetAttribute(cudaDevAttrConcurrentManagedAccess)");
   return value != 0;
 #else
@@ -154,9 +158,9 @@ bool is_managed_pointer(const void* pointer) noexcept {
 #ifdef TENSORXFER_WITH_CUDA
   if (pointer == nullptr) return false;
   cudaPointerAttributes attributes{};
-  const cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+  const cudaError_t error = TENSORXFER_CUDA_CALL(cudaPointerGetAttributes(&attributes, pointer));
   if (error != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
     return false;
   }
   return attributes.type == cudaMemoryTypeManaged;
@@ -174,10 +178,10 @@ void* allocate(std::size_t bytes, int device) {
   void* pointer = nullptr;
   if (device >= 0) {
     CurrentDevice current(device);
-    check_cuda(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal),
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal)),
                "cudaMallocManaged(" + std::to_string(bytes) + " bytes)");
   } else {
-    check_cuda(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal),
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal)),
                "cudaMallocManaged(" + std::to_string(bytes) + " bytes)");
   }
   return pointer;
@@ -189,9 +193,9 @@ void* allocate(std::size_t bytes, int device) {
 std::string release(void* pointer) noexcept {
 #ifdef TENSORXFER_WITH_CUDA
   if (pointer == nullptr) return "";
-  const cudaError_t error = cudaFree(pointer);
+  const cudaError_t error = TENSORXFER_CUDA_CALL(cudaFree(pointer));
   if (error == cudaSuccess) return "";
-  (void)cudaGetLastError();
+  (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
   try {
     return "cudaFree failed: " + describe_cuda_error(error);
   } catch (...) {
@@ -210,10 +214,11 @@ void prefetch(const void* pointer, std::size_t bytes, int device, void* stream) 
 #ifdef TENSORXFER_WITH_CUDA
   auto cuda_stream = static_cast<cudaStream_t>(stream);
 #if CUDART_VERSION >= 13000
-  check_cuda(cudaMemPrefetchAsync(pointer, bytes, location_of(device), 0, cuda_stream),
+  check_cuda(TENSORXFER_CUDA_CALL(cudaMemPrefetchAsync(pointer, bytes, location_of(device), 0, cuda_stream)),
              "cudaMemPrefetchAsync");
 #else
-  check_cuda(cudaMemPrefetchAsync(pointer, bytes, device, cuda_stream), "cudaMemPrefetchAsync");
+  check_cuda(TENSORXFER_CUDA_CALL(cudaMemPrefetchAsync(pointer, bytes, device, cuda_stream)),
+             "cudaMemPrefetchAsync");
 #endif
 #else
   (void)stream;
@@ -239,9 +244,9 @@ void apply_advice(const void* pointer, std::size_t bytes, int device, Advice adv
   const char* call = preferred ? "cudaMemAdvise(cudaMemAdviseSetPreferredLocation)"
                                : "cudaMemAdvise(cudaMemAdviseSetAccessedBy)";
 #if CUDART_VERSION >= 13000
-  check_cuda(cudaMemAdvise(pointer, bytes, cuda_advice, location_of(device)), call);
+  check_cuda(TENSORXFER_CUDA_CALL(cudaMemAdvise(pointer, bytes, cuda_advice, location_of(device))), call);
 #else
-  check_cuda(cudaMemAdvise(pointer, bytes, cuda_advice, device), call);
+  check_cuda(TENSORXFER_CUDA_CALL(cudaMemAdvise(pointer, bytes, cuda_advice, device)), call);
 #endif
 #endif
 }

@@ -93,7 +93,7 @@ def _make_sender(transport: str, channel: Any, source: np.ndarray) -> Callable[[
         # tensorxfer user would (torch's copy_ below is multi-threaded too).
         engine = CopyEngine()
 
-        def send(sequence: int) -> None:
+        def send_through_ring(sequence: int) -> None:
             slot = ring.acquire_free(timeout=_TIMEOUT_S)
             view = ring.slot_array(slot)
             engine.copy(view[: source.nbytes], source)
@@ -102,12 +102,12 @@ def _make_sender(transport: str, channel: Any, source: np.ndarray) -> Callable[[
             header[0] = time.monotonic_ns()
             ring.publish(slot, tick_id=sequence)
 
-        return send
+        return send_through_ring
     if transport == "mp_queue":
-        def send(sequence: int) -> None:
+        def send_through_queue(sequence: int) -> None:
             channel.put((time.monotonic_ns(), sequence, source))
 
-        return send
+        return send_through_queue
     import torch
 
     queue, free_queue, pool = channel

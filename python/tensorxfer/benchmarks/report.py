@@ -144,16 +144,17 @@ class Report:
 
     def table(self) -> str:
         """Measurements, then comparisons with ratio, target and whether it was met."""
-        rows = [("case", "variant", "metric", "median", "unit", "n")]
+        rows: list[tuple[str, ...]] = [("case", "variant", "metric", "median", "unit", "n")]
         for m in self.measurements:
             rows.append((m.case, m.variant, m.metric, _number(m.value), m.unit, str(len(m.samples))))
         text = [f"== {self.title} ==", _align(rows), "", "ratios (>1 = tensorxfer better):"]
-        rows = [("case", "metric", "candidate", "vs baseline", "ratio", "target", "met")]
+        comparison_rows: list[tuple[str, ...]] = [
+            ("case", "metric", "candidate", "vs baseline", "ratio", "target", "met")]
         for c in self.comparisons:
-            rows.append((c.case, c.metric, c.candidate, c.baseline, f"{c.ratio:.2f}x",
+            comparison_rows.append((c.case, c.metric, c.candidate, c.baseline, f"{c.ratio:.2f}x",
                          "-" if c.target is None else f">= {c.target:g}x",
                          {None: "-", True: "yes", False: "NO"}[c.met]))
-        text.append(_align(rows))
+        text.append(_align(comparison_rows))
         text.extend(f"note: {line}" for line in self.notes)
         return "\n".join(text)
 
@@ -173,7 +174,7 @@ class Report:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         png_path: Path | None = out / f"{stem}.png"
-        if not plot_comparisons(self, png_path):
+        if not plot_comparisons(self, out / f"{stem}.png"):
             png_path = None
         json_path = out / f"{stem}.json"
         json_path.write_text(json.dumps(self.to_json(), indent=2, default=_json_default) + "\n")
@@ -182,11 +183,11 @@ class Report:
 
 def plot_comparisons(report: Report, path: Path) -> bool:
     """Bar chart of every comparison's ratio with its target marked; False without matplotlib."""
+    # A Figure with its own Agg canvas, not pyplot: the caller's matplotlib backend and
+    # pyplot's figure list stay as they were.
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         report.note("matplotlib is not installed: no PNG written (pip install matplotlib)")
         return False
@@ -195,7 +196,9 @@ def plot_comparisons(report: Report, path: Path) -> bool:
         return False
     labels = [f"{c.case} | {c.metric}\n{c.candidate} vs {c.baseline}" for c in comparisons]
     colors = ["tab:gray" if c.met is None else ("tab:green" if c.met else "tab:red") for c in comparisons]
-    figure, axes = plt.subplots(figsize=(11.0, 1.5 + 0.42 * len(comparisons)))
+    figure = Figure(figsize=(11.0, 1.5 + 0.42 * len(comparisons)))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
     positions = list(range(len(comparisons)))[::-1]  # first comparison at the top
     axes.barh(positions, [c.ratio for c in comparisons], color=colors, height=0.7)
     for position, c in zip(positions, comparisons):
@@ -210,7 +213,6 @@ def plot_comparisons(report: Report, path: Path) -> bool:
     axes.set_title(report.title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return True
 
 
@@ -248,7 +250,7 @@ def _number(value: float) -> str:
     return f"{value:.3e}"
 
 
-def _align(rows: list[tuple[str, ...]]) -> str:
+def _align(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                      for row in rows)

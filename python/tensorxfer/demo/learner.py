@@ -111,20 +111,22 @@ class Learner:
                 raise PeerLostError(f"every collector is gone: {error}") from error
             received_ns = time.monotonic_ns()
             last_batch = time.perf_counter()
-            collector, publish_ns = self._check_header(slot, tick)
+            _collector, publish_ns = self._check_header(slot, tick)
             stats.handoff_ns.append(received_ns - publish_ns)
             if publish_ns >= wait_begin_ns:  # published while the learner was already waiting
                 stats.waiting_handoff_ns.append(received_ns - publish_ns)
             device_slot = stats.batches % self.depth
-            metadata = _metadata(device_slot, stats.batches, self.rows, collector, publish_ns)
+            # The backend tracks the copy out of each host slot: the slot goes back to
+            # the ring once that copy is done.
+            metadata = self._metadata(stats.batches, tick, slot, device_slot)
             stats.submit_s.append(self.backend.submit_h2d(
-                slot=device_slot, dst=self.device_slots[device_slot], src=self.host_payloads[slot],
+                slot=slot, dst=self.device_slots[device_slot], src=self.host_payloads[slot],
                 metadata=metadata, h2d_bytes=self.layout.nbytes, pack_layout="replay_demo",
                 pack_executor="tensorxfer.pack_rows"))
             window_begin = time.perf_counter()
             if previous is not None:
                 self._consume(*previous)  # overlaps the copy just submitted
-            self._wait_for_copy(device_slot, time.perf_counter() - window_begin)
+            self._wait_for_copy(slot, time.perf_counter() - window_begin)
             self.ring.release(slot)
             previous = (device_slot, tick)
             stats.batches += 1
@@ -135,7 +137,7 @@ class Learner:
         stats.elapsed_s = time.perf_counter() - begin
         return stats
 
-    def _wait_for_copy(self, device_slot: int, window_s: float) -> None:
+    def _wait_for_copy(self, host_slot: int, window_s: float) -> None:
         """Waits for the copy and accounts how much of it the compute window hid.
 
         A copy already done when the compute step ends was hidden entirely (its
@@ -144,18 +146,30 @@ class Learner:
         was hidden.
         """
         stats = self.stats
-        if self.backend.ready_query(device_slot):
+        if self.backend.ready_query(host_slot):
             stats.exposed_wait_s.append(0.0)
             hidden = min(stats.transfer_s_calibrated, window_s)
             stats.transfer_s.append(hidden)
             stats.hidden_s.append(hidden)
             return
         wait_begin = time.perf_counter()
-        self.backend.synchronize_ready(device_slot, timeout=_SYNC_TIMEOUT_S)
+        self.backend.synchronize_ready(host_slot, timeout=_SYNC_TIMEOUT_S)
         exposed = time.perf_counter() - wait_begin
         stats.exposed_wait_s.append(exposed)
         stats.transfer_s.append(window_s + exposed)
         stats.hidden_s.append(window_s)
+
+    def _metadata(self, tick_id: int, sample_tick: int, host_slot: int, device_slot: int) -> Any:
+        """The upstream ``ReplayTickMetadata`` of one batch: the snapshot is the store's
+        ``obs`` field, and ``sample_seed`` is the sample tick (the rows are
+        ``store.batch_indices(base seed, sample_seed, sample_count, store rows)``)."""
+        from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
+
+        snapshot = self.store_arrays["obs"]
+        return ReplayTickMetadata(
+            tick_id=tick_id, snapshot_ptr=snapshot.ctypes.data, snapshot_size=snapshot.nbytes,
+            sample_seed=sample_tick, sample_count=self.rows, batch_host_slot=host_slot,
+            batch_gpu_slot=device_slot)
 
     def _check_header(self, slot: int, tick: int) -> tuple:
         header = self.headers[slot]
@@ -199,13 +213,6 @@ class Learner:
             self._torch_weights = torch.from_numpy(self.weights).to(device_bytes.device)
         obs = device_bytes[offset:offset + nbytes].view(torch.float32).reshape(self.rows, obs_dim)
         return float(torch.relu(obs @ self._torch_weights).mean())
-
-
-def _metadata(slot: int, tick_id: int, rows: int, producer_id: int, created_ns: int) -> Any:
-    from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
-
-    return ReplayTickMetadata(slot=slot, tick_id=tick_id, rows=rows, producer_id=producer_id,
-                              created_ns=created_ns)
 
 
 def _to_host_numpy(device_bytes: Any) -> np.ndarray:

@@ -9,9 +9,12 @@ fields at ``PAYLOAD_OFFSET`` in the ``PackLayout`` of :func:`batch_layout`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tensorxfer.ipc import PackLayout
 
 # Header words (int64) at the start of every host slot.
 HEADER_TICK, HEADER_COLLECTOR, HEADER_PUBLISH_NS, HEADER_ROWS, HEADER_MAGIC = range(5)
@@ -30,7 +33,7 @@ def field_spec(obs_dim: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
     }
 
 
-def batch_layout(obs_dim: int, batch_rows: int):
+def batch_layout(obs_dim: int, batch_rows: int) -> PackLayout:
     """The ``PackLayout`` of one batch."""
     from tensorxfer.ipc import PackLayout
 

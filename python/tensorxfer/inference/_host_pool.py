@@ -32,11 +32,12 @@ def _torch_dtype_or_none(dtype: Any) -> Any:
 
 
 def _normalize_shape(shape: Shape) -> Tuple[int, ...]:
+    given: Any = shape  # an int-like or a sequence of them; operator.index decides
     try:
-        dims = (operator.index(shape),)
+        dims: Tuple[int, ...] = (operator.index(given),)
     except TypeError:
         try:
-            dims = tuple(operator.index(d) for d in shape)
+            dims = tuple(operator.index(d) for d in given)
         except TypeError:
             raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
     if any(d < 0 for d in dims):

@@ -58,6 +58,10 @@ _ctypes_lib: Optional[ctypes.CDLL] = None
 _ctypes_lock = threading.Lock()
 _compilation_error: Optional[str] = None
 _compile_lock = threading.Lock()
+# True while FAILURE stands for a setup that timed out and still runs in _background_compile,
+# which records its real outcome (SUCCESS or FAILURE) when it finishes.
+_compilation_timed_out = False
+_background_compile: Optional[threading.Thread] = None
 
 _COMPILE_TIMEOUT_S = 60.0
 
@@ -97,6 +101,29 @@ def _load_allocator() -> Tuple[Any, Any, str]:
     return allocator, _core, _core.__file__
 
 
+_SETUP_FAILURES = (UnsupportedError, ImportError, OSError, RuntimeError, AttributeError)
+
+
+def _record_outcome(loaded: Optional[Tuple[Any, Any, str]], error: Optional[BaseException]) -> None:
+    """Records the allocator setup's outcome; the caller holds ``_compile_lock``."""
+    global _compilation_state, _alloc, _mod, _so_path, _compilation_error, _compilation_timed_out
+    _compilation_timed_out = False
+    if error is None and loaded is not None:
+        _alloc, _mod, _so_path = loaded
+        _compilation_error = None
+        _compilation_state = CompilationState.SUCCESS
+    else:
+        _compilation_error = (str(error) or type(error).__name__) if error is not None else "no allocator"
+        _compilation_state = CompilationState.FAILURE
+
+
+def _record_late_outcome(loaded: Any, error: Optional[BaseException]) -> None:
+    """Called in the setup's worker thread when it finishes after compile_allocator gave up on it."""
+    with _compile_lock:
+        if _compilation_timed_out:  # not reset (by a test) in the meantime
+            _record_outcome(loaded, error)
+
+
 def compile_allocator() -> CompilationState:
     """Attempt to compile UVM allocator.
 
@@ -106,25 +133,36 @@ def compile_allocator() -> CompilationState:
     outcome in ``_compilation_state`` and the reason of a failure in
     ``_compilation_error``. Never raises for an unsupported system.
 
+    The setup runs in a worker thread under ``_compile_timeout``: when it takes
+    longer than ``_COMPILE_TIMEOUT_S`` the state becomes FAILURE (and
+    :func:`create_unified_mempool` raises
+    :class:`UnifiedMemoryCompileTimeoutError`) while the worker, never
+    interrupted, finishes on its own and then records its real outcome.
+
     Returns:
         The recorded :class:`CompilationState`.
     """
-    global _compilation_state, _alloc, _mod, _so_path, _compilation_error
+    global _compilation_state, _compilation_error, _compilation_timed_out, _background_compile
     if _compilation_state is not CompilationState.UNATTEMPTED:
         return _compilation_state
     with _compile_lock:
         if _compilation_state is not CompilationState.UNATTEMPTED:
             return _compilation_state
         try:
-            with _compile_timeout(_COMPILE_TIMEOUT_S):
-                allocator, module, so_path = _load_allocator()
-        except (UnsupportedError, ImportError, OSError, RuntimeError, AttributeError) as exc:
-            _compilation_error = str(exc) or type(exc).__name__
+            with _compile_timeout(_COMPILE_TIMEOUT_S) as run:
+                try:
+                    loaded = run(_load_allocator, on_late=_record_late_outcome)
+                finally:
+                    worker = run.worker
+        except UnifiedMemoryCompileTimeoutError as exc:
+            _compilation_error = f"{exc}; the setup continues in the background and records its outcome when done"
             _compilation_state = CompilationState.FAILURE
+            _compilation_timed_out = True
+            _background_compile = worker
+        except _SETUP_FAILURES as exc:
+            _record_outcome(None, exc)
         else:
-            _alloc, _mod, _so_path = allocator, module, so_path
-            _compilation_error = None
-            _compilation_state = CompilationState.SUCCESS
+            _record_outcome(loaded, None)
         return _compilation_state
 
 
@@ -159,6 +197,8 @@ def create_unified_mempool() -> Any:
             "expandable_segments:False"
         )
     if compile_allocator() is not CompilationState.SUCCESS:
+        if _compilation_timed_out:
+            raise UnifiedMemoryCompileTimeoutError(f"unified memory is unavailable: {_compilation_error}")
         raise UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {_compilation_error}")
     try:
         from torch.cuda.memory import MemPool
@@ -184,16 +224,18 @@ def prefetch_managed_tensor(tensor: Any, *, device: int, stream: Any = None) -> 
     """
     view = _view_of(tensor, "tensor")
     target = _device_id(device)
-    handle = _stream_handle(stream)
+    if stream is not None:
+        _stream_handle(stream)  # validates the argument; makes no CUDA call for a given stream
     if view.nbytes == 0:
         return
     with _unified_errors():
         if view.is_host and target == -1 and not view.device.startswith("cuda_managed"):
+            # The host path: no CUDA call at all (safe in a forked child of a CUDA process).
             _core.populate_host_pages(view, "tensor")
             return
         if target >= 0:
             _require_gpu(target, "prefetch_managed_tensor")
-        _core.managed_prefetch(view, "tensor", target, handle)
+        _core.managed_prefetch(view, "tensor", target, _stream_handle(stream))
 
 
 def advise_managed_tensor_preferred_location(tensor: Any, *, device: int) -> None:

@@ -42,8 +42,9 @@ class SharedArrayHandle:
 def _normalize_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (int(shape),)
+    given: Any = shape
     try:
-        dims = tuple(shape)
+        dims = tuple(given)
     except TypeError:
         raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}") from None
     for dim in dims:

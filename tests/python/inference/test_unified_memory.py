@@ -45,6 +45,8 @@ def fresh_compile_state(monkeypatch):
         ("_mod", None),
         ("_so_path", None),
         ("_compilation_error", None),
+        ("_compilation_timed_out", False),
+        ("_background_compile", None),
     ]:
         monkeypatch.setattr(um, name, value)
     return monkeypatch
@@ -148,67 +150,7 @@ def test_compile_allocator_records_success_and_what_it_loaded(fresh_compile_stat
     assert um._compilation_error is None
 
 
-def test_compile_allocator_records_a_timeout(fresh_compile_state):
-    def hang():
-        while True:
-            time.sleep(0.01)
-
-    fresh_compile_state.setattr(um, "_load_allocator", hang)
-    fresh_compile_state.setattr(um, "_COMPILE_TIMEOUT_S", 0.2)
-    start = time.monotonic()
-    assert um.compile_allocator() is um.CompilationState.FAILURE
-    assert time.monotonic() - start < 5
-    assert "timed out after 0.2 s" in um._compilation_error
-
-
-# ---- _compile_timeout -----------------------------------------------------------------------
-@pytest.mark.parametrize("where", ["main", "worker"])
-def test_compile_timeout_interrupts_the_block(where):
-    outcome = {}
-
-    def run():
-        start = time.monotonic()
-        try:
-            with um._compile_timeout(0.2):
-                while time.monotonic() - start < 10:
-                    time.sleep(0.01)
-            outcome["error"] = None
-        except um.UnifiedMemoryCompileTimeoutError as exc:
-            outcome["error"] = exc
-        outcome["elapsed"] = time.monotonic() - start
-
-    handler = signal.getsignal(signal.SIGALRM)
-    if where == "main":
-        run()
-    else:
-        thread = threading.Thread(target=run)
-        thread.start()
-        thread.join(timeout=20)
-    assert isinstance(outcome["error"], um.UnifiedMemoryCompileTimeoutError)
-    assert "0.2 s" in str(outcome["error"])
-    assert 0.15 < outcome["elapsed"] < 5
-    assert signal.getsignal(signal.SIGALRM) is handler
-
-
-def test_compile_timeout_that_does_not_expire_leaves_nothing_behind():
-    with um._compile_timeout(0.3):
-        time.sleep(0.01)
-    time.sleep(0.5)  # a leaked timer would raise in this thread now
-    for _ in range(20):
-        time.sleep(0.01)
-
-
-def test_compile_timeout_passes_other_errors_through():
-    with pytest.raises(KeyError):
-        with um._compile_timeout(5):
-            raise KeyError("inner")
-
-
-@pytest.mark.parametrize("bad", [0, -1, True, "5", None])
-def test_compile_timeout_validates_seconds(bad):
-    with pytest.raises((TypeError, ValueError), match="timeout_s"):
-        with um._compile_timeout(bad):
-            pass
+# The timeout of the allocator setup: test_compile_timeout.py.
 
 
 # ---- create_unified_mempool ------------------------------------------------------------------

@@ -5,7 +5,7 @@
 // never owns the memory a view points at: the caller keeps it alive.
 #pragma once
 
-#include <dlpack/dlpack.h>
+#include "tensorxfer/common/dlpack.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional
+
+_REQUIRED_FIELDS = ("tick_id", "snapshot_ptr", "snapshot_size", "sample_seed", "sample_count")
+_OPTIONAL_FIELDS = ("batch_host_slot", "batch_gpu_slot")
 
 
 def _as_index(value: Any, name: str, *, optional: bool = False) -> Optional[int]:
@@ -21,46 +24,41 @@ def _as_index(value: Any, name: str, *, optional: bool = False) -> Optional[int]
 
 @dataclasses.dataclass(frozen=True)
 class ReplayTickMetadata:
-    """Describes the batch in one host slot at one learner tick.
+    """Describes the batch a replay producer packed at one learner tick (the
+    upstream dataclass, field for field).
 
-    ``slot`` is the ring slot the batch sits in and must equal the ``slot``
-    passed to ``submit_h2d``; ``tick_id`` identifies the tick and must strictly
-    increase across the submits of one backend.  The optional fields are carried
-    into trace spans: ``rows`` (rows in the batch), ``producer_id`` (the
-    collector that packed it), ``env_ids`` (environments the rows came from) and
-    ``created_ns`` (``time.monotonic_ns()`` when the batch was packed, a clock
-    shared by every process on the machine).
+    * ``tick_id``: the tick; it must strictly increase across the submits of one
+      transfer backend.
+    * ``snapshot_ptr`` / ``snapshot_size``: address and size in bytes of the
+      replay snapshot the rows were sampled from.
+    * ``sample_seed`` / ``sample_count``: the seed of the row sampler and the
+      number of rows sampled, so the batch can be recomputed.
+    * ``batch_host_slot``: the host ring slot the packed batch sits in; when
+      set it must equal the ``slot`` passed to ``submit_h2d``.
+    * ``batch_gpu_slot``: the device slot the batch is copied into.
+
+    Every field is a non-negative int (numpy integers are accepted and stored
+    as ``int``); the two slots may be None.  All seven fields go into the trace
+    span arguments of ``submit_h2d``.
     """
 
-    slot: int
     tick_id: int
-    rows: Optional[int] = None
-    producer_id: Optional[int] = None
-    env_ids: Tuple[int, ...] = ()
-    created_ns: Optional[int] = None
+    snapshot_ptr: int
+    snapshot_size: int
+    sample_seed: int
+    sample_count: int
+    batch_host_slot: Optional[int] = None
+    batch_gpu_slot: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("slot", "tick_id"):
+        for name in _REQUIRED_FIELDS:
             object.__setattr__(self, name, _as_index(getattr(self, name), name))
-        for name in ("rows", "producer_id", "created_ns"):
+        for name in _OPTIONAL_FIELDS:
             object.__setattr__(self, name, _as_index(getattr(self, name), name, optional=True))
-        if isinstance(self.env_ids, (str, bytes)) or not hasattr(self.env_ids, "__iter__"):
-            raise TypeError(
-                f"ReplayTickMetadata.env_ids must be an iterable of ints, got {type(self.env_ids).__name__}"
-            )
-        env_ids = tuple(_as_index(env_id, "env_ids[...]") for env_id in self.env_ids)
-        object.__setattr__(self, "env_ids", env_ids)
 
-    def trace_args(self) -> dict:
-        """The fields that are set, as a flat dict for trace-span arguments."""
-        args = {"slot": self.slot, "tick_id": self.tick_id}
-        for name in ("rows", "producer_id", "created_ns"):
-            value = getattr(self, name)
-            if value is not None:
-                args[name] = value
-        if self.env_ids:
-            args["env_ids"] = list(self.env_ids)
-        return args
+    def trace_args(self) -> Dict[str, Optional[int]]:
+        """All seven fields (unset slots as None), as a flat dict for trace-span arguments."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 __all__ = ["ReplayTickMetadata"]

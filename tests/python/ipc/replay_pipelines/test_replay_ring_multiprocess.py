@@ -47,11 +47,13 @@ def test_learner_copies_every_published_batch(start_method):
         for step in range(BATCHES):
             host_slot, tick = ring.acquire_ready(timeout=30.0)
             device_slot = step % DEPTH
-            backend.submit_h2d(
-                slot=device_slot, dst=device_slots[device_slot], src=ring.slot_array(host_slot)[:BATCH_NBYTES],
-                metadata=ReplayTickMetadata(slot=device_slot, tick_id=tick, rows=1, producer_id=producer.pid),
+            source = ring.slot_array(host_slot)[:BATCH_NBYTES]
+            metadata = ReplayTickMetadata(
+                tick_id=tick, snapshot_ptr=source.ctypes.data, snapshot_size=BATCH_NBYTES, sample_seed=tick,
+                sample_count=1, batch_host_slot=host_slot, batch_gpu_slot=device_slot,
             )
-            backend.synchronize_ready(device_slot)
+            backend.submit_h2d(slot=host_slot, dst=device_slots[device_slot], src=source, metadata=metadata)
+            backend.synchronize_ready(host_slot)
             ring.release(host_slot)  # the copy is done: the producer may refill the slot
             assert tick == step
             np.testing.assert_array_equal(device_slots[device_slot], batch_for(tick))

@@ -1,4 +1,4 @@
-"""ReplayTickMetadata: validation, immutability, trace arguments."""
+"""ReplayTickMetadata: the upstream dataclass, field for field; validation, immutability, trace arguments."""
 
 from __future__ import annotations
 
@@ -10,51 +10,96 @@ import pytest
 from tensorxfer.ipc.replay_pipelines import ReplayTickMetadata
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata as BaseReplayTickMetadata
 
+UPSTREAM_FIELDS = [
+    ("tick_id", int, dataclasses.MISSING),
+    ("snapshot_ptr", int, dataclasses.MISSING),
+    ("snapshot_size", int, dataclasses.MISSING),
+    ("sample_seed", int, dataclasses.MISSING),
+    ("sample_count", int, dataclasses.MISSING),
+    ("batch_host_slot", "int | None", None),
+    ("batch_gpu_slot", "int | None", None),
+]
+
+
+def upstream_metadata(**overrides):
+    fields = dict(tick_id=3, snapshot_ptr=0x7F00_0000_1000, snapshot_size=1 << 30, sample_seed=1234,
+                  sample_count=256, batch_host_slot=1, batch_gpu_slot=0)
+    fields.update(overrides)
+    return ReplayTickMetadata(**fields)
+
 
 def test_reexported_from_package():
     assert ReplayTickMetadata is BaseReplayTickMetadata
 
 
-def test_minimal_metadata_traces_slot_and_tick():
-    metadata = ReplayTickMetadata(slot=1, tick_id=7)
-    assert metadata.trace_args() == {"slot": 1, "tick_id": 7}
-    assert metadata.rows is None and metadata.env_ids == ()
-
-
-def test_full_metadata_normalizes_numpy_integers_and_env_ids():
+def test_a_script_written_against_upstream_constructs_it_by_keyword():
     metadata = ReplayTickMetadata(
-        slot=np.int64(2), tick_id=np.uint32(9), rows=64, producer_id=0, env_ids=np.array([3, 1]), created_ns=10**18
+        tick_id=12, snapshot_ptr=140_000_000_000, snapshot_size=4096, sample_seed=99, sample_count=64,
+        batch_host_slot=2, batch_gpu_slot=1,
     )
-    assert type(metadata.slot) is int and type(metadata.tick_id) is int
-    assert metadata.env_ids == (3, 1) and all(type(env) is int for env in metadata.env_ids)
+    assert (metadata.tick_id, metadata.snapshot_ptr, metadata.snapshot_size) == (12, 140_000_000_000, 4096)
+    assert (metadata.sample_seed, metadata.sample_count) == (99, 64)
+    assert (metadata.batch_host_slot, metadata.batch_gpu_slot) == (2, 1)
+
+
+def test_fields_names_order_and_defaults_are_upstreams():
+    fields = dataclasses.fields(ReplayTickMetadata)
+    assert [field.name for field in fields] == [name for name, _, _ in UPSTREAM_FIELDS]
+    for field, (name, _annotation, default) in zip(fields, UPSTREAM_FIELDS):
+        assert field.default is default, name
+    assert ReplayTickMetadata.__dataclass_params__.frozen
+
+
+def test_positional_construction_follows_upstream_order():
+    metadata = ReplayTickMetadata(1, 2, 3, 4, 5)
+    assert dataclasses.astuple(metadata) == (1, 2, 3, 4, 5, None, None)
+
+
+def test_trace_args_carry_all_seven_fields():
+    metadata = upstream_metadata()
     assert metadata.trace_args() == {
-        "slot": 2, "tick_id": 9, "rows": 64, "producer_id": 0, "created_ns": 10**18, "env_ids": [3, 1]
+        "tick_id": 3, "snapshot_ptr": 0x7F00_0000_1000, "snapshot_size": 1 << 30, "sample_seed": 1234,
+        "sample_count": 256, "batch_host_slot": 1, "batch_gpu_slot": 0,
     }
+    unset = ReplayTickMetadata(tick_id=0, snapshot_ptr=0, snapshot_size=0, sample_seed=0, sample_count=0)
+    assert unset.trace_args()["batch_host_slot"] is None and unset.trace_args()["batch_gpu_slot"] is None
+    assert len(unset.trace_args()) == 7
+
+
+def test_numpy_integers_are_stored_as_int():
+    metadata = upstream_metadata(tick_id=np.uint32(9), snapshot_ptr=np.uint64(2**63), sample_seed=np.int64(5),
+                                 batch_host_slot=np.int16(3))
+    for name in ("tick_id", "snapshot_ptr", "sample_seed", "batch_host_slot"):
+        assert type(getattr(metadata, name)) is int, name
+    assert metadata.snapshot_ptr == 2**63
 
 
 def test_frozen_and_hashable():
-    metadata = ReplayTickMetadata(slot=0, tick_id=1, env_ids=[5])
+    metadata = upstream_metadata()
     with pytest.raises(dataclasses.FrozenInstanceError):
         metadata.tick_id = 2
-    assert hash(metadata) == hash(ReplayTickMetadata(slot=0, tick_id=1, env_ids=(5,)))
+    assert hash(metadata) == hash(upstream_metadata())
+    assert metadata != upstream_metadata(batch_gpu_slot=None)
+
+
+def test_the_old_field_names_are_gone():
+    with pytest.raises(TypeError, match="slot"):
+        ReplayTickMetadata(slot=1, tick_id=7)
 
 
 @pytest.mark.parametrize(
-    "kwargs, error, message",
+    "overrides, error, message",
     [
-        (dict(slot=-1, tick_id=0), ValueError, r"slot must be >= 0, got -1"),
-        (dict(slot=0, tick_id=-5), ValueError, r"tick_id must be >= 0, got -5"),
-        (dict(slot=0.0, tick_id=0), TypeError, r"slot must be a non-negative int, got float"),
-        (dict(slot=True, tick_id=0), TypeError, r"slot must be a non-negative int, got bool"),
-        (dict(slot=0, tick_id="3"), TypeError, r"tick_id must be a non-negative int, got str"),
-        (dict(slot=0, tick_id=0, rows=-2), ValueError, r"rows must be >= 0"),
-        (dict(slot=0, tick_id=0, producer_id=1.5), TypeError, r"producer_id must be a non-negative int or None"),
-        (dict(slot=0, tick_id=0, created_ns=-1), ValueError, r"created_ns must be >= 0"),
-        (dict(slot=0, tick_id=0, env_ids="ab"), TypeError, r"env_ids must be an iterable of ints, got str"),
-        (dict(slot=0, tick_id=0, env_ids=5), TypeError, r"env_ids must be an iterable of ints, got int"),
-        (dict(slot=0, tick_id=0, env_ids=[1, -1]), ValueError, r"env_ids\[...\] must be >= 0"),
+        (dict(tick_id=-5), ValueError, r"ReplayTickMetadata.tick_id must be >= 0, got -5"),
+        (dict(snapshot_ptr=-1), ValueError, r"snapshot_ptr must be >= 0, got -1"),
+        (dict(snapshot_size=1.5), TypeError, r"snapshot_size must be a non-negative int, got float 1.5"),
+        (dict(sample_seed=True), TypeError, r"sample_seed must be a non-negative int, got bool"),
+        (dict(sample_count="3"), TypeError, r"sample_count must be a non-negative int, got str"),
+        (dict(sample_count=None), TypeError, r"sample_count must be a non-negative int, got NoneType"),
+        (dict(batch_host_slot=-2), ValueError, r"batch_host_slot must be >= 0, got -2"),
+        (dict(batch_gpu_slot=0.0), TypeError, r"batch_gpu_slot must be a non-negative int or None, got float"),
     ],
 )
-def test_bad_fields_are_refused_with_the_field_name(kwargs, error, message):
+def test_bad_fields_are_refused_with_the_field_name(overrides, error, message):
     with pytest.raises(error, match=message):
-        ReplayTickMetadata(**kwargs)
+        upstream_metadata(**overrides)

@@ -137,10 +137,16 @@ def test_submit_returns_small_positive_cpu_seconds(backend):
 
 
 # -- tracing and metadata ----------------------------------------------------------------------
-def test_trace_slice_carries_slot_sizes_labels_and_metadata(backend):
+def tick(tick_id: int, host_slot=None, gpu_slot=None) -> ReplayTickMetadata:
+    """Upstream metadata, built with exactly the upstream keywords."""
+    return ReplayTickMetadata(tick_id=tick_id, snapshot_ptr=4096, snapshot_size=1 << 20, sample_seed=17,
+                              sample_count=8, batch_host_slot=host_slot, batch_gpu_slot=gpu_slot)
+
+
+def test_trace_slice_carries_slot_sizes_labels_and_all_metadata_fields(backend):
     recorder = RecordingTraceRecorder()
     src, dst = host_source(8), device_slot(backend)
-    metadata = ReplayTickMetadata(slot=2, tick_id=11, rows=8, producer_id=3, env_ids=(4, 5), created_ns=123)
+    metadata = tick(11, host_slot=2, gpu_slot=0)
     backend.submit_h2d(
         slot=2, dst=dst, src=src, metadata=metadata, trace_recorder=recorder,
         h2d_bytes=256, pack_layout="obs+action", pack_executor="native",
@@ -152,10 +158,25 @@ def test_trace_slice_carries_slot_sizes_labels_and_metadata(backend):
     assert isinstance(begin_ns, int) and isinstance(end_ns, int) and 0 < begin_ns <= end_ns
     assert args["slot"] == 2 and args["h2d_bytes"] == 256
     assert args["pack_layout"] == "obs+action" and args["pack_executor"] == "native"
-    assert args["tick_id"] == 11 and args["rows"] == 8 and args["producer_id"] == 3
-    assert args["env_ids"] == [4, 5] and args["created_ns"] == 123
     assert args["h2d_submitter"] == backend.h2d_submitter
+    assert args["pinned_memory"] is backend.host_pinned
+    assert args["direct_pinned_shared"] is backend.direct_pinned_shared
+    for field, value in metadata.trace_args().items():
+        assert args[field] == value, field
+    assert {"tick_id", "snapshot_ptr", "snapshot_size", "sample_seed", "sample_count", "batch_host_slot",
+            "batch_gpu_slot"} <= set(args)
     assert recorder.pending_spans == []
+
+
+def test_trace_slice_without_metadata_still_has_every_field(backend):
+    recorder = RecordingTraceRecorder()
+    src, dst = host_source(8), device_slot(backend)
+    backend.submit_h2d(slot=1, dst=dst, src=src, trace_recorder=recorder)
+    backend.synchronize_ready(1)
+    args = recorder.slices[0][4]
+    for field in ("tick_id", "snapshot_ptr", "snapshot_size", "sample_seed", "sample_count", "batch_host_slot",
+                  "batch_gpu_slot"):
+        assert field in args and args[field] is None, field
 
 
 def test_trace_cuda_events_only_where_timing_events_exist(backend):
@@ -184,17 +205,18 @@ def test_trace_recorder_without_add_slice_is_refused_before_copying(backend):
 def test_metadata_must_match_slot_and_increase(backend):
     src, dst = host_source(11), device_slot(backend)
     with pytest.raises(TypeError, match="metadata must be a ReplayTickMetadata"):
-        backend.submit_h2d(slot=0, dst=dst, src=src, metadata={"slot": 0, "tick_id": 1})
-    with pytest.raises(ValueError, match=r"metadata.slot must equal slot=1, got metadata.slot=0"):
-        backend.submit_h2d(slot=1, dst=dst, src=src, metadata=ReplayTickMetadata(slot=0, tick_id=1))
+        backend.submit_h2d(slot=0, dst=dst, src=src, metadata={"tick_id": 1})
+    with pytest.raises(ValueError, match=r"metadata.batch_host_slot must equal slot=1 .*got metadata.batch_host_slot=0"):
+        backend.submit_h2d(slot=1, dst=dst, src=src, metadata=tick(1, host_slot=0))
     assert not to_numpy(dst).any(), "a refused submit must not copy"
-    backend.submit_h2d(slot=0, dst=dst, src=src, metadata=ReplayTickMetadata(slot=0, tick_id=5))
+    backend.submit_h2d(slot=0, dst=dst, src=src, metadata=tick(5, host_slot=0))
     for stale in (5, 4):
         with pytest.raises(ValueError, match=rf"tick_id must strictly increase per backend: got {stale} after 5"):
-            backend.submit_h2d(slot=1, dst=dst, src=src, metadata=ReplayTickMetadata(slot=1, tick_id=stale))
-    backend.submit_h2d(slot=1, dst=dst, src=src, metadata=ReplayTickMetadata(slot=1, tick_id=6))
+            backend.submit_h2d(slot=1, dst=dst, src=src, metadata=tick(stale, host_slot=1))
+    backend.submit_h2d(slot=1, dst=dst, src=src, metadata=tick(6, host_slot=1))
+    backend.submit_h2d(slot=3, dst=dst, src=src, metadata=tick(7))  # batch_host_slot unset: any slot
     backend.submit_h2d(slot=2, dst=dst, src=src)  # metadata is optional
-    for slot in range(3):
+    for slot in range(4):
         backend.synchronize_ready(slot)
 
 

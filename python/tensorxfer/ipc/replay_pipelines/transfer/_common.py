@@ -9,11 +9,12 @@ through the ``_``-prefixed hooks documented on the class.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import numbers
 import threading
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
@@ -48,18 +49,37 @@ def resolve_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
-def poll_until_done(query, timeout: float, what: str) -> None:
-    """Polls ``query()`` (non-blocking) until it is True: spins briefly, then
-    sleeps with a growing interval (at most 1 ms).  Raises ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
-    pause = 0.0
-    while not query():
-        now = time.monotonic()
-        if now >= deadline:
-            raise TimeoutError(f"{what} did not finish within {timeout:g} s")
-        if pause:
-            time.sleep(min(pause, deadline - now))
-        pause = min(max(pause * 2, 20e-6), 1e-3)
+def wait_blocking(
+    wait: Callable[[], Any], timeout: float, what: str, *, done: Optional[Callable[[], bool]] = None
+) -> None:
+    """Blocks until ``wait()`` returns; ``TimeoutError`` naming ``what`` after ``timeout`` s.
+
+    ``wait`` is a blocking device wait that releases the GIL (``Event.synchronize``,
+    ``Stream.synchronize``): the calling thread sleeps until it returns, nothing
+    polls.  Device waits take no timeout of their own, so ``wait`` runs in a
+    daemon helper thread and the caller waits for it with the timeout; a wait
+    given up on finishes by itself once the device work does.  ``done`` (a
+    non-blocking query) skips the helper thread when the work already finished.
+    Exceptions of ``wait`` are re-raised in the caller.
+    """
+    if done is not None and done():
+        return
+    finished = threading.Event()
+    failure: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as error:  # handed to the caller below
+            failure.append(error)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name=f"tensorxfer-wait ({what})", daemon=True).start()
+    if not finished.wait(timeout):
+        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+    if failure:
+        raise failure[0]
 
 
 def resolve_h2d_nbytes(
@@ -269,16 +289,7 @@ class TransferBackendBase(abc.ABC):
             self._last_tick_id = metadata.tick_id
         end_ns = time.monotonic_ns()
         if trace_recorder is not None:
-            args = {
-                "slot": slot,
-                "h2d_bytes": submitted.nbytes,
-                "pack_layout": pack_layout,
-                "pack_executor": pack_executor,
-                "h2d_submitter": self.h2d_submitter,
-                "device": str(self.device),
-            }
-            if metadata is not None:
-                args.update(metadata.trace_args())
+            args = self._trace_args(slot, submitted.nbytes, metadata, pack_layout, pack_executor)
             trace_recorder.add_slice(SUBMIT_SPAN_NAME, TRACE_CATEGORY, begin_ns, end_ns, args)
             if timing:
                 trace_recorder.add_cuda_pending_span(
@@ -290,8 +301,11 @@ class TransferBackendBase(abc.ABC):
         if metadata is not None:
             if not isinstance(metadata, ReplayTickMetadata):
                 raise TypeError(f"metadata must be a ReplayTickMetadata or None, got {type(metadata).__name__}")
-            if metadata.slot != slot:
-                raise ValueError(f"metadata.slot must equal slot={slot}, got metadata.slot={metadata.slot}")
+            if metadata.batch_host_slot is not None and metadata.batch_host_slot != slot:
+                raise ValueError(
+                    f"metadata.batch_host_slot must equal slot={slot} (or be None), "
+                    f"got metadata.batch_host_slot={metadata.batch_host_slot}"
+                )
             if self._last_tick_id is not None and metadata.tick_id <= self._last_tick_id:
                 raise ValueError(
                     f"metadata.tick_id must strictly increase per backend: got {metadata.tick_id} "
@@ -312,6 +326,27 @@ class TransferBackendBase(abc.ABC):
                     f"trace_recorder must have {' and '.join(needed)}(), got a {type(trace_recorder).__name__} "
                     f"without {', '.join(missing)}"
                 )
+
+    def _trace_args(
+        self, slot: int, nbytes: int, metadata: Optional[ReplayTickMetadata], pack_layout: str, pack_executor: str
+    ) -> Dict[str, Any]:
+        """The arguments of a submit's trace spans: the submit, the backend's memory
+        and submitter, and all seven ``ReplayTickMetadata`` fields (None without metadata)."""
+        args: Dict[str, Any] = {
+            "slot": slot,
+            "h2d_bytes": nbytes,
+            "pinned_memory": bool(self.host_pinned),
+            "pack_layout": pack_layout,
+            "pack_executor": pack_executor,
+            "h2d_submitter": self.h2d_submitter,
+            "direct_pinned_shared": bool(self.direct_pinned_shared),
+            "device": str(self.device),
+        }
+        if metadata is not None:
+            args.update(metadata.trace_args())
+        else:
+            args.update({field.name: None for field in dataclasses.fields(ReplayTickMetadata)})
+        return args
 
     # -- readiness -------------------------------------------------------------
     def clear_ready(self, slot: int) -> None:
@@ -384,7 +419,7 @@ __all__ = [
     "TransferBackendBase",
     "normalize_shape",
     "numpy_dtype",
-    "poll_until_done",
+    "wait_blocking",
     "require_int",
     "require_ring_depth",
     "resolve_h2d_nbytes",

@@ -94,9 +94,13 @@ class ReplayTransferBackend(Protocol):
         """Copies the first ``h2d_bytes`` bytes (default: all of ``dst``) of ``src``
         (a host slot) into ``dst`` (a device slot) on the backend's copy stream and
         records the ready event of ``slot``.  Returns the seconds the CPU spent
-        submitting, not the transfer time.  ``metadata`` must describe ``slot``
-        with a tick id larger than every earlier one; it and the two labels
-        ``pack_layout`` / ``pack_executor`` go into the trace span arguments.
+        submitting, not the transfer time.  ``metadata`` (optional) must carry a
+        tick id larger than every earlier one and, when its ``batch_host_slot``
+        is set, ``batch_host_slot == slot``.  The trace span arguments carry
+        ``slot``, ``h2d_bytes``, ``pinned_memory``, ``pack_layout``,
+        ``pack_executor``, ``h2d_submitter``, ``direct_pinned_shared`` and the
+        seven ``ReplayTickMetadata`` fields (None without metadata).  The copy is
+        ordered after the work queued so far on the caller's current stream.
         """
         ...
 
@@ -112,7 +116,8 @@ class ReplayTransferBackend(Protocol):
 
     def synchronize_ready(self, slot: int) -> None:
         """Blocks the calling thread until the last copy submitted to ``slot`` has
-        finished.  Raises ``TimeoutError`` after a bounded wait."""
+        finished (a blocking event wait, no polling).  Raises ``TimeoutError``
+        after a bounded wait."""
         ...
 
     def wait_current_stream_for_ready(self, slot: int) -> None:

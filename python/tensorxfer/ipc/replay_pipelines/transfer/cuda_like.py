@@ -4,47 +4,113 @@ Copies run on a dedicated ``torch.cuda.Stream``; a ``torch.cuda.Event`` per
 slot marks when the slot's copy is done.  ``register_host_slots`` pins the
 shared host slots in place with ``cudaHostRegister`` (undone on ``close``), so
 the copy engine reads them directly (DMA from pinned memory, truly
-asynchronous).  On a ROCm build of torch the same calls go to HIP and
-``device_family`` is "rocm".
+asynchronous).
+
+Who issues the copy (``h2d_submitter``), as upstream:
+
+* ``"pybind11"``: the extension was built with CUDA and torch is a CUDA build.
+  ``tensorxfer._core.CudaCopySubmitter`` calls ``cudaMemcpyAsync`` on the raw
+  handle of the copy stream (``torch.cuda.Stream.cuda_stream``) with the GIL
+  released; nothing is compiled at run time.
+* ``"torch_copy_stream"``: otherwise, and always on ROCm (``device_family``
+  "rocm"): ``Tensor.copy_(non_blocking=True)`` under ``torch.cuda.stream``.
+  Also where the extension's CUDA runtime cannot start although torch's can
+  (a driver older than the toolkit the extension was built with);
+  ``native_submitter_error`` then says why.
+
+Either way the copy stream first waits for the caller's current stream.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
-from tensorxfer.ipc.replay_pipelines.transfer._common import poll_until_done
+from tensorxfer import _core
+from tensorxfer.errors import UnsupportedError
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import host_slot_tensors
-from tensorxfer.ipc.replay_pipelines.transfer._torch_stream import CLOSE_TIMEOUT_S, TorchStreamBackendBase
+from tensorxfer.ipc.replay_pipelines.transfer._torch_stream import TorchStreamBackendBase
 
 _CUDA_HOST_REGISTER_DEFAULT = 0
+NATIVE_SUBMITTER = "pybind11"
+TORCH_SUBMITTER = "torch_copy_stream"
+
+
+def native_submitter_compiled() -> bool:
+    """Whether this build of the extension has the native CUDA copy submitter
+    (built with the CUDA toolkit).  Makes no CUDA call."""
+    return bool(getattr(_core, "cuda_copy_compiled", False)) and hasattr(_core, "CudaCopySubmitter")
+
+
+def select_h2d_submitter(*, native_compiled: bool, hip: bool) -> str:
+    """The ``h2d_submitter`` of a CUDA-like backend: ``"pybind11"`` when the
+    native submitter is compiled in and torch runs CUDA, ``"torch_copy_stream"``
+    without it and always on ROCm (``hip``: the native submitter speaks CUDA only)."""
+    return NATIVE_SUBMITTER if native_compiled and not hip else TORCH_SUBMITTER
 
 
 class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
-    """Replay transfer to a CUDA or ROCm device through torch.cuda streams and events.
+    """Replay transfer to a CUDA or ROCm device through a dedicated copy stream.
 
+    ``h2d_submitter`` says who issues the copy (see the module docstring).
     ``host_pinned`` / ``direct_pinned_shared`` turn True once
     ``register_host_slots`` has page-locked every slot in place (``pin_error``
     says why it did not); the backend then keeps the slots alive until they are
     unregistered (re-registration or ``close``), since freeing registered memory
-    is undefined in CUDA.  ``wait_current_stream_for_ready`` makes
+    is undefined in CUDA.  ``synchronize_ready`` blocks in
+    ``cudaEventSynchronize`` (ready events use blocking sync, so the waiting
+    thread sleeps); ``wait_current_stream_for_ready`` makes
     ``torch.cuda.current_stream()`` wait for the slot's event without blocking
     the CPU.  With ``trace_cuda_events=True`` each submit hands a pair of timing
     events to ``trace_recorder.add_cuda_pending_span``.
     """
 
     _runtime_name = "cuda"
-    h2d_submitter = "torch_cuda_copy_stream"
+    h2d_submitter: str
     host_memory_kind = "pinned_shared"
     supports_async_submit = True
     supports_timing_events = True
 
     def __init__(self, *, device: Any, ring_depth: int) -> None:
         super().__init__(device=device, ring_depth=ring_depth)
-        self.device_family = "rocm" if self._torch.version.hip else "cuda"
+        hip = bool(self._torch.version.hip)
+        self.device_family = "rocm" if hip else "cuda"
+        self.h2d_submitter = select_h2d_submitter(native_compiled=native_submitter_compiled(), hip=hip)
+        self.native_submitter_error: Optional[str] = None
+        self._native = None
+        if self.h2d_submitter == NATIVE_SUBMITTER:
+            try:
+                self._native = _core.CudaCopySubmitter(self.device.index)
+            except UnsupportedError as error:
+                # torch runs here but the extension's CUDA runtime does not (e.g. a driver older
+                # than the toolkit it was built with): torch issues the copies instead.
+                self.native_submitter_error = str(error)
+                self.h2d_submitter = TORCH_SUBMITTER
         self.host_pinned = False
         self.direct_pinned_shared = False
-        self.pin_error = None
+        self.pin_error: Optional[str] = None
 
+    def _new_ready_event(self) -> Any:
+        return self._torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
+
+    # -- the native submitter --------------------------------------------------
+    def _order_copy_stream(self, copy_stream: Any, current_stream: Any) -> None:
+        if self._native is None:
+            super()._order_copy_stream(copy_stream, current_stream)
+        else:
+            self._native.order_after(copy_stream.cuda_stream, current_stream.cuda_stream)
+
+    def _issue_copy(self, dst_tensor: Any, src_tensor: Any, nbytes: int, copy_stream: Any) -> None:
+        if self._native is None:
+            super()._issue_copy(dst_tensor, src_tensor, nbytes, copy_stream)
+            return
+        # dst may come from torch's caching allocator: its block must not be reused
+        # by the caller's stream before this copy finishes.
+        dst_tensor.record_stream(copy_stream)
+        self._native.copy_host_to_device(
+            dst_tensor.data_ptr(), src_tensor.data_ptr(), nbytes, copy_stream.cuda_stream
+        )
+
+    # -- host slots --------------------------------------------------------------
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Tuple[int, Any]]:
         torch = self._torch
         tensors = host_slot_tensors(torch, slots, prefault=False)  # cudaHostRegister faults the pages in
@@ -72,12 +138,11 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
         self.host_pinned = self.direct_pinned_shared = False
         pointers = [pointer for pointer, _tensor in registration if pointer]
         if pointers:
-            stream = getattr(self, "_copy_stream", None)
-            if stream is not None:  # no DMA may still read memory being unpinned
-                poll_until_done(stream.query, CLOSE_TIMEOUT_S, "the copy stream before cudaHostUnregister")
+            # No DMA may still read memory being unpinned.
+            self._synchronize_copy_stream("the copy stream before cudaHostUnregister")
             cudart = self._torch.cuda.cudart()
             for pointer in pointers:
                 cudart.cudaHostUnregister(pointer)
 
 
-__all__ = ["CudaLikeReplayTransferBackend"]
+__all__ = ["CudaLikeReplayTransferBackend", "select_h2d_submitter", "native_submitter_compiled"]

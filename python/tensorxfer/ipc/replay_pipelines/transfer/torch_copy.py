@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
-from tensorxfer.ipc.replay_pipelines.transfer._common import SubmittedCopy, TransferBackendBase, poll_until_done
+from tensorxfer.ipc.replay_pipelines.transfer._common import SubmittedCopy, TransferBackendBase, wait_blocking
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import (
     host_slot_tensors,
     import_torch,
@@ -83,7 +83,8 @@ class TorchCopyReplayTransferBackend(TransferBackendBase):
 
     def _wait_ready(self, slot: int, timeout: float) -> None:
         if self._events is not None:
-            poll_until_done(self._events[slot].query, timeout, f"the copy into slot {slot} on {self.device}")
+            event = self._events[slot]
+            wait_blocking(event.synchronize, timeout, f"the copy into slot {slot} on {self.device}", done=event.query)
 
     def _stream_wait_ready(self, slot: int, timeout: float) -> None:
         if self._events is not None:
@@ -92,7 +93,7 @@ class TorchCopyReplayTransferBackend(TransferBackendBase):
     def _close_impl(self) -> None:
         if self._events is not None:
             for event in self._events:
-                poll_until_done(event.query, 10.0, f"a pending copy on {self.device} at close")
+                wait_blocking(event.synchronize, 10.0, f"a pending copy on {self.device} at close", done=event.query)
         self._events = None
 
 

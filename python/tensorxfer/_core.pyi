@@ -1,0 +1,428 @@
+"""
+tensorxfer native core (C++); use the tensorxfer package, not this module
+"""
+from __future__ import annotations
+import collections.abc
+import numpy
+import numpy.typing
+import typing
+__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+class TensorView:
+    """
+    A non-owning view of a tensor's memory that keeps its owner alive.
+    """
+    def __repr__(self) -> str:
+        ...
+    def describe(self) -> str:
+        ...
+    @property
+    def data_ptr(self) -> int:
+        ...
+    @property
+    def device(self) -> str:
+        ...
+    @property
+    def dtype(self) -> str:
+        ...
+    @property
+    def is_contiguous(self) -> bool:
+        ...
+    @property
+    def is_host(self) -> bool:
+        ...
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def owner(self) -> typing.Any:
+        ...
+    @property
+    def readonly(self) -> bool:
+        ...
+    @property
+    def shape(self) -> tuple:
+        ...
+    @property
+    def strides(self) -> tuple:
+        ...
+class HostBlock:
+    """
+    Page-aligned host memory on loan from a HostPool (a writable uint8 buffer).
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def data_ptr(self) -> int:
+        ...
+    @property
+    def huge_pages(self) -> str:
+        ...
+    @property
+    def huge_pages_note(self) -> str:
+        ...
+    @property
+    def lock_error(self) -> str:
+        ...
+    @property
+    def locked(self) -> bool:
+        ...
+    @property
+    def mapped_bytes(self) -> int:
+        ...
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def reused(self) -> bool:
+        ...
+class HostPool:
+    """
+    Native pool of page-aligned host blocks.
+    """
+    def __init__(self, *, huge_pages: bool = False, lock_pages: bool = False, numa_node: typing.SupportsInt | typing.SupportsIndex = -1, max_cached_bytes: typing.SupportsInt | typing.SupportsIndex = 268435456) -> None:
+        ...
+    def allocate(self, nbytes: typing.SupportsInt | typing.SupportsIndex) -> HostBlock:
+        ...
+    def close(self) -> None:
+        ...
+    def release_cached(self) -> None:
+        ...
+    def stats(self) -> dict:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def huge_pages(self) -> bool:
+        ...
+    @property
+    def lock_pages(self) -> bool:
+        ...
+    @property
+    def max_cached_bytes(self) -> int:
+        ...
+    @property
+    def numa_node(self) -> int:
+        ...
+class HostEvent:
+    """
+    A marker recorded on a HostStream: done once the work enqueued before the record has run.
+    """
+    def __init__(self) -> None:
+        ...
+    def query(self) -> bool:
+        """
+        True if never recorded or the latest record is done. Never blocks.
+        """
+    def reset(self) -> None:
+        """
+        Back to never recorded.
+        """
+    def wait(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+        """
+        Blocks until the latest record is done (None: no limit; Ctrl-C interrupts). Raises TimeoutError, or the error of a failed task before the record.
+        """
+class HostStream:
+    """
+    A worker thread running a FIFO of host copies, event records and event waits, CUDA-stream style.
+    """
+    def __enter__(self) -> typing.Any:
+        ...
+    def __exit__(self, *args) -> None:
+        ...
+    def __init__(self, engine: typing.Any = None) -> None:
+        """
+        Copies go through `engine` (a CopyEngine, kept alive by the stream) when given, else a memcpy on the stream's thread.
+        """
+    def close(self, timeout: typing.SupportsFloat | typing.SupportsIndex = 30.0) -> None:
+        """
+        Stops accepting work, lets pending work run for up to `timeout` seconds, cancels the rest (TimeoutError then) and joins the worker. Idempotent.
+        """
+    def enqueue_copy(self, dst: typing.Any, src: typing.Any) -> None:
+        """
+        Queues a copy of src's bytes into dst and returns at once. The stream keeps both tensors alive until the copy is done. ValueError for size mismatch, non-host, non-contiguous or read-only dst, or a closed stream.
+        """
+    def query(self) -> bool:
+        """
+        True when everything enqueued has run. Never blocks.
+        """
+    def record(self, event: HostEvent) -> None:
+        """
+        Records `event`: done once everything enqueued before has run.
+        """
+    def synchronize(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+        """
+        Blocks until everything enqueued so far has run (GIL released). Raises TimeoutError, or the error of a failed task (once).
+        """
+    def wait_event(self, event: HostEvent) -> None:
+        """
+        Work enqueued after this waits for `event`'s latest record.
+        """
+    @property
+    def _pending_owners(self) -> int:
+        """
+        Tensors held for copies not yet seen finished (for tests).
+        """
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def completed_sequence(self) -> int:
+        """
+        Every task numbered up to this has finished.
+        """
+    @property
+    def enqueued_sequence(self) -> int:
+        """
+        Number of the latest enqueued task (0: none).
+        """
+class CopyEngine:
+    """
+    Worker threads that split large host copies and row packing with the calling thread. Pass one to HostStream / pack_rows; no global engine.
+    """
+    def __init__(self, num_threads: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        """
+        Starts `num_threads` workers (0 = one per hardware thread).
+        """
+    def copy(self, dst: typing.Any, src: typing.Any) -> None:
+        """
+        Copies src's bytes into dst and returns when done (GIL released). Both contiguous host tensors of equal byte size, dst writable; ValueError otherwise.
+        """
+    @property
+    def max_parallelism(self) -> int:
+        """
+        Threads (workers + caller) that share one copy at most.
+        """
+    @property
+    def num_threads(self) -> int:
+        """
+        Worker threads owned.
+        """
+    @property
+    def parallel_threshold(self) -> int:
+        """
+        Copies below this many bytes run on the calling thread alone.
+        """
+class PackLayout:
+    """
+    Native packed-row layout; use tensorxfer.ipc.PackLayout instead.
+    """
+    def __init__(self, fields: collections.abc.Sequence[tuple[str, str, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]]], rows: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        fields: [(name, dtype name, row shape)], in packing order.
+        """
+    @property
+    def fields(self) -> list:
+        """
+        [(name, dtype name, row shape, byte offset, row bytes)] in packing order.
+        """
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def rows(self) -> int:
+        ...
+class SharedSegment:
+    """
+    A POSIX shared-memory segment with a validated header (tensorxfer/memory/shm_segment.h).
+    """
+    @staticmethod
+    def attach(name: str, kind: str) -> SharedSegment:
+        """
+        Map an existing segment, validating its header and kind.
+        """
+    @staticmethod
+    def create(nbytes: typing.SupportsInt | typing.SupportsIndex, kind: str) -> SharedSegment:
+        """
+        Create a segment of `nbytes` zeroed payload bytes.
+        """
+    def array(self) -> numpy.typing.NDArray[numpy.uint8]:
+        """
+        The payload as a uint8 numpy array; keeps the mapping alive.
+        """
+    def detach(self) -> None:
+        """
+        Drop this attachment (unlinks by the segment rules); memory stays mapped.
+        """
+    @property
+    def attach_count(self) -> int:
+        ...
+    @property
+    def detached(self) -> bool:
+        ...
+    @property
+    def is_creator(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def owner_alive(self) -> bool:
+        ...
+    @property
+    def owner_pid(self) -> int:
+        ...
+class SlotRing:
+    """
+    A ring of shared slots (tensorxfer/ipc/slot_ring.h).
+    """
+    @staticmethod
+    def attach(name: str, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None) -> SlotRing:
+        ...
+    @staticmethod
+    def create(depth: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None, max_producers: typing.SupportsInt | typing.SupportsIndex = 64) -> SlotRing:
+        ...
+    def acquire_free(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> int:
+        ...
+    def acquire_ready(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> tuple:
+        """
+        -> (slot, tick_id, publish_ns)
+        """
+    def close(self) -> None:
+        ...
+    def publish(self, slot: typing.SupportsInt | typing.SupportsIndex, tick_id: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def release(self, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def slot_array(self, slot: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint8]:
+        """
+        The slot's bytes as a uint8 numpy array; keeps the mapping alive.
+        """
+    def try_acquire_free(self) -> int | None:
+        ...
+    def try_acquire_ready(self) -> typing.Any:
+        """
+        -> (slot, tick_id, publish_ns) or None
+        """
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def current_spin_us(self) -> float:
+        ...
+    @property
+    def depth(self) -> int:
+        ...
+    @property
+    def is_consumer(self) -> bool:
+        ...
+    @property
+    def live_producers(self) -> int:
+        ...
+    @property
+    def max_producers(self) -> int:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def skipped_sequences(self) -> int:
+        ...
+    @property
+    def slot_nbytes(self) -> int:
+        ...
+    @property
+    def spin_us(self) -> float | None:
+        ...
+    @spin_us.setter
+    def spin_us(self, arg1: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def wait_stats(self) -> dict:
+        ...
+class CudaCopySubmitter:
+    """
+    Native cudaMemcpyAsync host-to-device submitter for one GPU.
+    """
+    def __init__(self, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def copy_host_to_device(self, dst: typing.SupportsInt | typing.SupportsIndex, src: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Queues cudaMemcpyAsync(dst, src, nbytes, HostToDevice) on `stream` (GIL released).
+        """
+    def order_after(self, stream: typing.SupportsInt | typing.SupportsIndex, waited_stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Makes `stream` wait on the device for the work queued on `waited_stream` so far.
+        """
+    @property
+    def device(self) -> int:
+        ...
+def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
+def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
+    """
+    Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, [(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).
+    """
+def check_timeout(timeout: typing.Any, operation: str) -> float | None:
+    """
+    The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
+    """
+def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    ...
+def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    ...
+def cuda_runtime_calls() -> int:
+    """
+    CUDA runtime calls tensorxfer made in this process so far (inherited across fork).
+    """
+def cuda_status() -> dict:
+    ...
+def current_numa_node() -> int:
+    ...
+def huge_page_size() -> int:
+    """
+    The default huge page size in bytes.
+    """
+def make_view(obj: typing.Any, argument: str) -> TensorView:
+    """
+    View a buffer-protocol or DLPack object; `argument` names it in errors.
+    """
+def managed_advise_accessed_by(view: TensorView, argument: str, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
+def managed_advise_preferred_location(view: TensorView, argument: str, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
+def managed_prefetch(view: TensorView, argument: str, device: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    ...
+def numa_nodes_of(view: TensorView, argument: str) -> list[int]:
+    ...
+def numa_nodes_with_memory() -> list[int]:
+    ...
+def numa_policy_of(view: TensorView, argument: str) -> dict:
+    ...
+def numa_supported() -> bool:
+    ...
+def numa_unsupported_reason() -> str:
+    ...
+def pack_rows(dst: typing.Any, layout: PackLayout, sources: list, indices: typing.Any, engine: CopyEngine = None) -> None:
+    """
+    Gathers sources[f][indices] into dst at each field's offset (GIL released). sources: [(field name, tensor)]. Use tensorxfer.ipc.pack_rows instead.
+    """
+def page_size() -> int:
+    """
+    The system page size in bytes.
+    """
+def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -> dict:
+    """
+    Prefault every page the view covers (MADV_POPULATE_*, else touching) and hint MADV_WILLNEED.
+    """
+def prefer_local_numa_node(view: TensorView, argument: str) -> int:
+    ...
+def require_contiguous_host(view: TensorView, argument: str) -> None:
+    ...
+def resident_page_count(view: TensorView, argument: str) -> int:
+    """
+    Pages of the view resident in RAM now (mincore).
+    """
+def sweep_stale_segments() -> int:
+    """
+    Remove /dev/shm/tensorxfer-* segments whose creator has exited; returns how many.
+    """
+__version__: str
+build_info: dict
+cuda_copy_compiled: bool = True
+uvm_free_symbol: str = 'tensorxfer_uvm_free'
+uvm_last_error_symbol: str = 'tensorxfer_uvm_last_error'
+uvm_malloc_symbol: str = 'tensorxfer_uvm_malloc'
