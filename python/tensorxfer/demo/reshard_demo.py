@@ -78,7 +78,7 @@ def backend_availability() -> Dict[str, Optional[str]]:
     except ImportError:
         torch_reason = "torch is not installed (pip install tensorxfer[torch])"
     found["shm"] = (torch_reason if "shm" in BACKENDS
-                    else "not available: this build has no shm copy service")
+                    else f"no shm copy service in this version (build_copy_service knows {sorted(BACKENDS)})")
     try:
         import mpi4py  # noqa: F401
 
@@ -254,8 +254,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
                      f"{result['runs'][0]['seconds']:>10.3f}{'n/a' if repeat is None else f'{repeat:.3f}':>13}"
                      f"  {result['verified_bytes'] / (1 << 20):.0f} MiB")
     for name, reason in summary["skipped"].items():
-        lines.append(f"  {name:<8}not available: {reason}" if not reason.startswith("not available")
-                     else f"  {name:<8}{reason}")
+        lines.append(f"  {name:<8}not available: {reason}")
     return "\n".join(lines)
 
 

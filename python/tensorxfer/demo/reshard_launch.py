@@ -13,6 +13,7 @@ import collections
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
 
 from tensorxfer.demo.reshard_worker import EVENT_PREFIX
 
@@ -77,6 +78,7 @@ class _Ranks:
         self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
         self.output: Deque[str] = collections.deque(maxlen=40)  # other output, for error messages
         self._readers: List[threading.Thread] = []
+        self.stopped: Set[int] = set()  # pids still running when stop() began
 
     def start(self, command: List[str], env: Dict[str, str]) -> None:
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -102,6 +104,7 @@ class _Ranks:
 
     def stop(self) -> None:
         """SIGTERM every process group still running, SIGKILL what is left after a grace period."""
+        self.stopped = {p.pid for p in self.processes if p.poll() is None}
         for sig, grace in ((signal.SIGTERM, _STOP_GRACE_S), (signal.SIGKILL, _STOP_GRACE_S)):
             alive = [p for p in self.processes if p.poll() is None]
             for process in alive:
@@ -196,6 +199,17 @@ def _collect(ranks: _Ranks, options: Any, expected_ranks: int, events: List[Dict
             raise BackendFailed("lost", f"no rank reported anything for {idle_limit:g} s; stopped them")
 
 
+_MPIRUN_DEATH = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal")
+
+
+def _dead_ranks(backend: str, ranks: _Ranks) -> List[int]:
+    """Ranks whose process a signal killed (not our stop()): our children's exit codes, or what mpirun reported."""
+    if backend == "mpi":
+        return sorted({int(m.group(1)) for m in _MPIRUN_DEATH.finditer("\n".join(ranks.output))})
+    return [rank for rank, process in enumerate(ranks.processes)
+            if (process.returncode or 0) < 0 and process.pid not in ranks.stopped]
+
+
 def _judge(backend: str, ranks: _Ranks, expected_ranks: int, events: List[Dict[str, Any]]) -> None:
     """Raises BackendFailed unless every rank finished without a mismatch."""
     finished = {e["rank"]: e for e in events if e["event"] == "finished"}
@@ -208,8 +222,9 @@ def _judge(backend: str, ranks: _Ranks, expected_ranks: int, events: List[Dict[s
         exits = "; ".join(f"process {p.pid} {_describe_exit(p.returncode)}" for p in ranks.processes)
         details = "; ".join(f"rank {e['rank']}: {e['message']}" for e in errors)
         tail = "\n".join(list(ranks.output)[-8:])
-        if silent or any(e["kind"] == "lost" for e in errors) or any((p.returncode or 0) < 0 for p in ranks.processes):
-            who = ", ".join(f"rank {r}" + (f" (pid {pids[r]})" if r in pids else "") for r in (silent or missing))
+        dead = _dead_ranks(backend, ranks)
+        if silent or dead or any(e["kind"] == "lost" for e in errors):
+            who = ", ".join(f"rank {r}" + (f" (pid {pids[r]})" if r in pids else "") for r in (dead or silent or missing))
             raise BackendFailed("lost", f"{backend}: lost {who} before it finished ({exits})"
                                 + (f"; survivors reported: {details}" if details else "")
                                 + (f"\n{tail}" if tail and not details else ""))

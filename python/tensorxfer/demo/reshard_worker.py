@@ -29,9 +29,9 @@ EVENT_PREFIX = "@@tensorxfer-reshard "
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 3, 130
 
 
-def emit(kind: str, rank: int, **fields: Any) -> None:
+def emit(event: str, rank: int, **fields: Any) -> None:
     """Writes one event line for the launcher."""
-    sys.stdout.write(EVENT_PREFIX + json.dumps({"event": kind, "rank": rank, **fields}) + "\n")
+    sys.stdout.write(EVENT_PREFIX + json.dumps({"event": event, "rank": rank, **fields}) + "\n")
     sys.stdout.flush()
 
 
@@ -187,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         group = _Group(args)
         rank = group.rank
         emit("ready", rank, pid=os.getpid())
-        mismatches = run_rank(args, group, lambda kind, **fields: emit(kind, rank, **fields))
+        mismatches = run_rank(args, group, lambda event, **fields: emit(event, rank, **fields))
         # Reported before the last barrier: under mpirun, a rank that exits early may take
         # the others down before they could say they finished.
         emit("finished", rank, mismatches=len(mismatches), message=_summarize(mismatches) if mismatches else "")
