@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -164,17 +165,22 @@ class Progress:
         self.bar: Any = None
         self.backend = ""
         self.counts: Dict[Any, int] = {}
+        self.slowest: Dict[int, float] = {}
+        self.total_bytes = 0
         self.ranks_reporting = 1
 
     def begin(self, backend: str) -> None:
-        self.backend, self.counts = backend, {}
+        self.backend, self.counts, self.slowest, self.total_bytes = backend, {}, {}, 0
         self.ranks_reporting = 1 if backend == "local" else self.options.ranks
         if self.tty:
             try:
                 from tqdm import tqdm
 
+                # A pseudo-terminal may report a 0 x 0 size; tqdm then draws nothing.
+                columns, lines = shutil.get_terminal_size((80, 24))
                 self.bar = tqdm(total=1 + 2 * self.options.repeat, desc=f"{backend:>5}", unit="step",
-                                file=sys.stdout, leave=True)
+                                file=sys.stdout, leave=True, ncols=columns if columns > 0 else 80,
+                                nrows=lines if lines > 0 else 24)
             except ImportError:
                 self.bar = None
 
@@ -184,11 +190,16 @@ class Progress:
             return
         key = (kind, event.get("run"))
         self.counts[key] = self.counts.get(key, 0) + 1
+        if kind == "prepared":
+            self.total_bytes = event["total_bytes"]
+        if kind == "moved":  # the slowest rank's run() time sets the rate
+            self.slowest[event["run"]] = max(self.slowest.get(event["run"], 0.0), event["seconds"])
         if self.counts[key] != self.ranks_reporting:
             return
-        run = event.get("run")
+        run = int(event.get("run") or 0)
+        rate = self.total_bytes / max(self.slowest.get(run, 0.0), 1e-9) / 1e9 if kind == "moved" else 0.0
         text = {"prepared": "weights generated",
-                "moved": f"run {run}/{self.options.repeat} moved",
+                "moved": f"run {run}/{self.options.repeat} moved at {rate:.2f} GB/s",
                 "verified": f"run {run}/{self.options.repeat} verified"}[kind]
         if self.bar is not None:
             self.bar.set_postfix_str(text)

@@ -178,10 +178,16 @@ def _summarize(mismatches: List[str]) -> str:
     return "; ".join(mismatches[:3]) + more
 
 
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one rank; returns its exit code."""
     args = build_parser().parse_args(argv)
     rank = args.rank if args.rank is not None else 0
+    # The launcher stops ranks with SIGTERM: unwind like Ctrl-C, so the service and the group are closed.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     group: Optional[_Group] = None
     try:
         group = _Group(args)
