@@ -29,14 +29,6 @@ py::array_t<uint8_t> byte_array(std::byte* data, std::size_t nbytes, const py::o
                               reinterpret_cast<uint8_t*>(data), owner);
 }
 
-std::chrono::nanoseconds timeout_from_seconds(const std::optional<double>& seconds, const char* operation) {
-  if (!seconds) return SlotRing::kNoTimeout;
-  TENSORXFER_CHECK(InvalidArgument, !std::isnan(*seconds) && *seconds >= 0.0, operation,
-                   ": timeout must be None or a number of seconds >= 0, got ", *seconds);
-  if (std::isinf(*seconds) || *seconds > 1e9) return SlotRing::kNoTimeout;
-  return std::chrono::nanoseconds(static_cast<int64_t>(*seconds * 1e9));
-}
-
 sync::SpinPolicy spin_from_us(const std::optional<double>& spin_us) {
   if (!spin_us) return sync::SpinPolicy::adaptive();
   TENSORXFER_CHECK(InvalidArgument, !std::isnan(*spin_us) && *spin_us >= 0.0, "spin_us must be None (adaptive) ",
@@ -138,22 +130,25 @@ void bind_ipc(py::module_& module) {
           py::arg("name"), py::arg("spin_us") = py::none())
       .def(
           "acquire_free",
-          [](SlotRing& ring, std::optional<double> timeout) {
-            const auto wait = timeout_from_seconds(timeout, "acquire_free");
+          [](SlotRing& ring, const PyTimeout& timeout) {
+            const auto wait = wait_timeout(timeout, "SlotRing.acquire_free");
+            const sync::WaitHook hook = python_signal_check();
             py::gil_scoped_release release;
-            return ring.acquire_free(wait);
+            return ring.acquire_free(wait, hook);
           },
           py::arg("timeout") = py::none())
       .def("try_acquire_free", &SlotRing::try_acquire_free)
       .def("publish", &SlotRing::publish, py::arg("slot"), py::arg("tick_id"))
+      .def("abandon", &SlotRing::abandon, py::arg("slot"), "Hand a slot from acquire_free back unpublished.")
       .def(
           "acquire_ready",
-          [](SlotRing& ring, std::optional<double> timeout) {
-            const auto wait = timeout_from_seconds(timeout, "acquire_ready");
+          [](SlotRing& ring, const PyTimeout& timeout) {
+            const auto wait = wait_timeout(timeout, "SlotRing.acquire_ready");
+            const sync::WaitHook hook = python_signal_check();
             ipc::ReadySlot ready;
             {
               py::gil_scoped_release release;
-              ready = ring.acquire_ready(wait);
+              ready = ring.acquire_ready(wait, hook);
             }
             return ready_tuple(ready);
           },

@@ -8,11 +8,9 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cmath>
 #include <deque>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -28,46 +26,12 @@ namespace {
 using runtime::HostEvent;
 using runtime::HostStream;
 using runtime::Seconds;
-using Clock = std::chrono::steady_clock;
 
-// Waits are cut in slices this long so Ctrl-C (a pending signal) is noticed.
-constexpr Seconds kSignalCheckInterval{0.1};
-
-std::optional<Seconds> timeout_argument(std::optional<double> timeout, const char* where) {
-  if (!timeout) return std::nullopt;
-  if (std::isnan(*timeout) || *timeout < 0) {
-    throw InvalidArgument(std::string(where) + ": timeout must be None or >= 0 seconds, got " +
-                          std::to_string(*timeout));
-  }
-  return Seconds(*timeout);
-}
-
-// Calls try_wait(slice) with the GIL released until it returns true (-> true)
-// or `timeout` passes (-> false); raises KeyboardInterrupt & co. in between.
-template <typename TryWait>
-bool wait_interruptibly(TryWait&& try_wait, std::optional<Seconds> timeout) {
-  const auto start = Clock::now();
-  for (;;) {
-    Seconds slice = kSignalCheckInterval;
-    if (timeout) {
-      const Seconds left = *timeout - std::chrono::duration_cast<Seconds>(Clock::now() - start);
-      slice = std::max(Seconds(0), std::min(slice, left));
-    }
-    bool done = false;
-    {
-      py::gil_scoped_release release;
-      done = try_wait(slice);
-    }
-    if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (timeout && Clock::now() - start >= *timeout) return false;
-  }
-}
-
-std::string seconds_text(Seconds value) {
-  std::ostringstream out;
-  out << value.count() << " s";
-  return out.str();
+// The package's timeout rules (bindings.h), as the runtime's optional seconds.
+std::optional<Seconds> runtime_timeout(const py::handle& timeout, const std::string& operation) {
+  const std::chrono::nanoseconds parsed = wait_timeout(timeout, operation);
+  if (parsed == kNoDeadline) return std::nullopt;
+  return std::chrono::duration_cast<Seconds>(parsed);
 }
 
 PyTensorView view_argument(const py::handle& object, const char* argument) {
@@ -117,18 +81,17 @@ class PyHostStream {
     stream_->wait_event(event);
   }
 
-  void synchronize(std::optional<double> timeout_seconds) {
-    const auto timeout = timeout_argument(timeout_seconds, "HostStream.synchronize");
-    const uint64_t target = stream_->enqueued_sequence();
-    const bool done = wait_interruptibly(
-        [&](Seconds slice) { return stream_->wait_until_completed(target, slice); }, timeout);
-    release_finished();
-    if (!done) {
-      throw Timeout("HostStream.synchronize: " +
-                    std::to_string(target - stream_->completed_sequence()) +
-                    " task(s) still pending after " + seconds_text(*timeout));
+  void synchronize(const PyTimeout& timeout_seconds) {
+    const auto timeout = runtime_timeout(timeout_seconds, "HostStream.synchronize");
+    const sync::WaitHook hook = python_signal_check();
+    try {
+      py::gil_scoped_release release;
+      stream_->synchronize(timeout, hook);
+    } catch (...) {
+      release_finished();
+      throw;
     }
-    stream_->raise_pending_error();
+    release_finished();
   }
 
   bool query() {
@@ -137,11 +100,12 @@ class PyHostStream {
     return idle;
   }
 
-  void close(double timeout_seconds) {
-    const auto timeout = timeout_argument(timeout_seconds, "HostStream.close");
+  void close(const PyTimeout& timeout_seconds) {
+    const auto timeout = runtime_timeout(timeout_seconds, "HostStream.close");
+    const sync::WaitHook hook = python_signal_check();
     try {
       py::gil_scoped_release release;
-      stream_->close(*timeout);
+      stream_->close(timeout.value_or(Seconds::max()), hook);
     } catch (...) {
       release_finished();
       throw;
@@ -183,18 +147,16 @@ void bind_runtime(py::module_& module) {
            "True if never recorded or the latest record is done. Never blocks.")
       .def(
           "wait",
-          [](const HostEvent& event, std::optional<double> timeout_seconds) {
-            const auto timeout = timeout_argument(timeout_seconds, "HostEvent.wait");
-            const bool done = wait_interruptibly(
-                [&](Seconds slice) { return event.wait_for(slice); }, timeout);
-            if (!done) {
-              throw Timeout("HostEvent.wait: the recorded work was not done after " +
-                            seconds_text(*timeout));
-            }
+          [](const HostEvent& event, const PyTimeout& timeout_seconds) {
+            const auto timeout = runtime_timeout(timeout_seconds, "HostEvent.wait");
+            const sync::WaitHook hook = python_signal_check();
+            py::gil_scoped_release release;
+            event.wait(timeout, hook);
           },
           py::arg("timeout") = py::none(),
-          "Blocks until the latest record is done (None: no limit; Ctrl-C interrupts). "
-          "Raises TimeoutError, or the error of a failed task before the record.")
+          "Blocks until the latest record is done (GIL released). ``timeout``: seconds, 0 = check "
+          "once, None = no deadline (Ctrl-C still interrupts: KeyboardInterrupt). Raises "
+          "TimeoutError, or the error of a failed task before the record.")
       .def("reset", &HostEvent::reset, "Back to never recorded.");
 
   py::class_<PyHostStream>(module, "HostStream",
@@ -212,12 +174,15 @@ void bind_runtime(py::module_& module) {
       .def("wait_event", &PyHostStream::wait_event, py::arg("event"),
            "Work enqueued after this waits for `event`'s latest record.")
       .def("synchronize", &PyHostStream::synchronize, py::arg("timeout") = py::none(),
-           "Blocks until everything enqueued so far has run (GIL released). Raises "
-           "TimeoutError, or the error of a failed task (once).")
+           "Blocks until everything enqueued so far has run (GIL released). ``timeout``: "
+           "seconds, 0 = check once, None = no deadline (Ctrl-C still interrupts: "
+           "KeyboardInterrupt). Raises TimeoutError, or the error of a failed task (once).")
       .def("query", &PyHostStream::query, "True when everything enqueued has run. Never blocks.")
       .def("close", &PyHostStream::close, py::arg("timeout") = PyHostStream::kDefaultCloseSeconds,
-           "Stops accepting work, lets pending work run for up to `timeout` seconds, cancels the "
-           "rest (TimeoutError then) and joins the worker. Idempotent.")
+           "Stops accepting work, lets pending work run for up to `timeout` seconds (None: no "
+           "deadline), cancels the rest (TimeoutError then) and joins the worker. Idempotent. "
+           "Ctrl-C during the wait raises KeyboardInterrupt; the work keeps running and close "
+           "may be called again.")
       .def_property_readonly("closed", &PyHostStream::closed)
       .def_property_readonly("completed_sequence", &PyHostStream::completed_sequence,
                              "Every task numbered up to this has finished.")
@@ -227,7 +192,7 @@ void bind_runtime(py::module_& module) {
                              "Tensors held for copies not yet seen finished (for tests).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyHostStream& stream, py::args) {
-        stream.close(PyHostStream::kDefaultCloseSeconds);
+        stream.close(PyTimeout(py::float_(PyHostStream::kDefaultCloseSeconds)));
       });
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/typing.h>
 
 #include <chrono>
 #include <string>
@@ -48,6 +49,9 @@ sync::WaitHook python_signal_check();
 //                            InvalidArgument (ValueError), both naming
 //                            `operation`'s `timeout` and what it got.
 inline constexpr std::chrono::nanoseconds kNoDeadline = std::chrono::nanoseconds::max();
+// The parameter type of a binding's `timeout`: accepts any object (wait_timeout
+// checks it) and reads `float | None` in the type stub.
+using PyTimeout = py::typing::Optional<py::float_>;
 std::chrono::nanoseconds wait_timeout(const py::handle& timeout, const std::string& operation);
 
 void bind_waits(py::module_& module);  // tensorxfer._core.check_timeout (the same rules for Python waits)

@@ -76,7 +76,7 @@ std::chrono::nanoseconds wait_timeout(const py::handle& timeout, const std::stri
 void bind_waits(py::module_& module) {
   module.def(
       "check_timeout",
-      [](const py::handle& timeout, const std::string& operation) -> std::optional<double> {
+      [](const PyTimeout& timeout, const std::string& operation) -> std::optional<double> {
         const std::chrono::nanoseconds parsed = wait_timeout(timeout, operation);
         if (parsed == kNoDeadline) return std::nullopt;
         return std::chrono::duration<double>(parsed).count();

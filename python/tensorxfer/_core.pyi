@@ -118,9 +118,9 @@ class HostEvent:
         """
         Back to never recorded.
         """
-    def wait(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+    def wait(self, timeout: float | None = None) -> None:
         """
-        Blocks until the latest record is done (None: no limit; Ctrl-C interrupts). Raises TimeoutError, or the error of a failed task before the record.
+        Blocks until the latest record is done (GIL released). ``timeout``: seconds, 0 = check once, None = no deadline (Ctrl-C still interrupts: KeyboardInterrupt). Raises TimeoutError, or the error of a failed task before the record.
         """
 class HostStream:
     """
@@ -134,9 +134,9 @@ class HostStream:
         """
         Copies go through `engine` (a CopyEngine, kept alive by the stream) when given, else a memcpy on the stream's thread.
         """
-    def close(self, timeout: typing.SupportsFloat | typing.SupportsIndex = 30.0) -> None:
+    def close(self, timeout: float | None = 30.0) -> None:
         """
-        Stops accepting work, lets pending work run for up to `timeout` seconds, cancels the rest (TimeoutError then) and joins the worker. Idempotent.
+        Stops accepting work, lets pending work run for up to `timeout` seconds (None: no deadline), cancels the rest (TimeoutError then) and joins the worker. Idempotent. Ctrl-C during the wait raises KeyboardInterrupt; the work keeps running and close may be called again.
         """
     def enqueue_copy(self, dst: typing.Any, src: typing.Any) -> None:
         """
@@ -150,9 +150,9 @@ class HostStream:
         """
         Records `event`: done once everything enqueued before has run.
         """
-    def synchronize(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+    def synchronize(self, timeout: float | None = None) -> None:
         """
-        Blocks until everything enqueued so far has run (GIL released). Raises TimeoutError, or the error of a failed task (once).
+        Blocks until everything enqueued so far has run (GIL released). ``timeout``: seconds, 0 = check once, None = no deadline (Ctrl-C still interrupts: KeyboardInterrupt). Raises TimeoutError, or the error of a failed task (once).
         """
     def wait_event(self, event: HostEvent) -> None:
         """
@@ -275,9 +275,13 @@ class SlotRing:
     @staticmethod
     def create(depth: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None, max_producers: typing.SupportsInt | typing.SupportsIndex = 64) -> SlotRing:
         ...
-    def acquire_free(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> int:
+    def abandon(self, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Hand a slot from acquire_free back unpublished.
+        """
+    def acquire_free(self, timeout: float | None = None) -> int:
         ...
-    def acquire_ready(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> tuple:
+    def acquire_ready(self, timeout: float | None = None) -> tuple:
         """
         -> (slot, tick_id, publish_ns)
         """
@@ -356,7 +360,7 @@ def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, nump
     """
     Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, [(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).
     """
-def check_timeout(timeout: typing.Any, operation: str) -> float | None:
+def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
     The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
     """

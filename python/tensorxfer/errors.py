@@ -4,6 +4,27 @@ Bad arguments raise ``ValueError`` / ``TypeError``, waits that time out raise
 ``TimeoutError`` and failed system calls raise ``OSError`` with ``errno`` set;
 the classes below cover the rest.  The native core maps its errors onto these
 (see ``cpp/include/tensorxfer/common/error.h``).
+
+Waits and timeouts
+------------------
+Every call that waits (``SlotRing.acquire_free`` / ``acquire_ready``,
+``HostStream.synchronize``, ``HostEvent.wait``, the replay backends'
+``synchronize_ready``, and the group and collective waits) takes a
+``timeout`` with one meaning:
+
+* a number of seconds ``>= 0``: raise ``TimeoutError`` once it has passed;
+  ``0`` checks once without waiting;
+* ``None``: no deadline.  The wait still watches its peers and Ctrl-C;
+* negative or NaN: ``ValueError``; a bool or a non-number: ``TypeError``
+  (both name the call and its ``timeout``).
+
+Whatever the timeout, a wait on a process that has died raises
+:class:`PeerLostError`, and Ctrl-C (SIGINT) raises ``KeyboardInterrupt``
+within about 20 ms (waits release the GIL and check for signals between
+slices of sleep).  An interrupted wait leaves the structure as it was: nothing
+taken, nothing leaked, usable again.  Python runs signal handlers only in the
+main thread, so Ctrl-C does not interrupt a wait on another thread: give those
+a timeout.
 """
 
 

@@ -150,7 +150,7 @@ std::optional<uint32_t> SlotRing::try_acquire_free() {
 std::optional<uint32_t> SlotRing::take_free_locked() {
   check_open("SlotRing::acquire_free");
   if (!producer_index_) register_producer();  // the consumer producing into its own ring
-  const uint32_t me = *producer_index_;
+  const uint64_t writing = my_writing_word().encode();
   for (uint32_t i = 0; i < layout_.depth; ++i) {
     const uint32_t slot = (next_free_hint_ + i) % layout_.depth;
     // relaxed: only a candidate; the compare-exchange below decides.
@@ -159,8 +159,7 @@ std::optional<uint32_t> SlotRing::take_free_locked() {
     uint64_t expected = word.encode();
     // acquire: pairs with the release that freed the slot, so the consumer's
     // reads of its bytes finish before we overwrite them.
-    if (slot_entry(slot).state.compare_exchange(expected, SlotWord{SlotState::kWriting, me, 0}.encode(),
-                                                std::memory_order_acquire)) {
+    if (slot_entry(slot).state.compare_exchange(expected, writing, std::memory_order_acquire)) {
       next_free_hint_ = (slot + 1) % layout_.depth;
       return slot;
     }
@@ -168,7 +167,7 @@ std::optional<uint32_t> SlotRing::take_free_locked() {
   return std::nullopt;
 }
 
-uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
+uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
   const auto deadline = deadline_after("SlotRing::acquire_free", timeout);
   check_usable("SlotRing::acquire_free");
   std::optional<uint32_t> slot;
@@ -177,7 +176,10 @@ uint32_t SlotRing::acquire_free(std::chrono::nanoseconds timeout) {
         std::lock_guard<std::mutex> lock(mutex_);
         return (slot = take_free_locked()).has_value();
       },
-      deadline, spin_, [&] { watch_as_producer(); });
+      deadline, spin_, [&] {
+        if (hook) hook();
+        watch_as_producer();
+      });
   if (status == sync::WaitStatus::kReady) return *slot;
   throw Timeout("SlotRing::acquire_free: no slot became free within " + seconds_text(timeout) + " (ring '" +
                 name() + "', depth " + std::to_string(layout_.depth) + ")");
@@ -203,10 +205,9 @@ void SlotRing::publish(uint32_t slot, uint64_t tick_id) {
   check_open("SlotRing::publish");
   // relaxed: our own WRITING mark, which only we (or a reaper, if we were dead) change.
   const SlotWord word = load_slot_word(slot, std::memory_order_relaxed);
-  TENSORXFER_CHECK(InvalidArgument,
-                   producer_index_ && word.state == SlotState::kWriting && word.producer == *producer_index_,
-                   "SlotRing::publish: slot ", slot, " is not held by this producer for writing (state ",
-                   word.describe(), "); publish only slots from acquire_free, once");
+  TENSORXFER_CHECK(InvalidArgument, held_by_me(word), "SlotRing::publish: slot ", slot,
+                   " is not held by this producer for writing (state ", word.describe(),
+                   "); publish only slots from acquire_free, once");
   SlotEntry& entry = slot_entry(slot);
   // relaxed: made visible by the release compare-exchange to READY below.
   entry.tick_id.store(tick_id, std::memory_order_relaxed);
@@ -227,6 +228,37 @@ void SlotRing::publish(uint32_t slot, uint64_t tick_id) {
                    " changed state while held for writing (now 0x", std::hex, expected, ")");
 }
 
+void SlotRing::abandon(uint32_t slot) {
+  check_usable("SlotRing::abandon");
+  check_slot("SlotRing::abandon", slot);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_open("SlotRing::abandon");
+    // relaxed: our own WRITING mark, as in publish().
+    const SlotWord word = load_slot_word(slot, std::memory_order_relaxed);
+    TENSORXFER_CHECK(InvalidArgument, held_by_me(word), "SlotRing::abandon: slot ", slot,
+                     " is not held by this producer for writing (state ", word.describe(),
+                     "); abandon only slots from acquire_free that were not published");
+    uint64_t expected = word.encode();
+    // release: like release(); our writes to the slot happen-before the next writer's.
+    TENSORXFER_CHECK(CorruptSegment,
+                     slot_entry(slot).state.compare_exchange(expected, SlotWord{SlotState::kFree, 0, 0}.encode(),
+                                                             std::memory_order_release),
+                     "SlotRing::abandon: slot ", slot, " changed state while held for writing (now 0x", std::hex,
+                     expected, ")");
+  }
+  control().free_event.notify_all();
+}
+
+SlotWord SlotRing::my_writing_word() const noexcept {
+  return SlotWord{SlotState::kWriting, *producer_index_, producer_generation_};
+}
+
+bool SlotRing::held_by_me(const SlotWord& word) const noexcept {
+  return producer_index_ && word.state == SlotState::kWriting && word.producer == *producer_index_ &&
+         word.sequence == producer_generation_;
+}
+
 // ---- consumer --------------------------------------------------------------------
 
 void SlotRing::check_consumer(const char* operation) const {
@@ -241,7 +273,7 @@ std::optional<ReadySlot> SlotRing::try_acquire_ready() {
   return take_next_locked();
 }
 
-ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
+ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
   const auto deadline = deadline_after("SlotRing::acquire_ready", timeout);
   check_consumer("SlotRing::acquire_ready");
   std::optional<ReadySlot> ready;
@@ -250,7 +282,11 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout) {
         std::lock_guard<std::mutex> lock(mutex_);
         return (ready = take_next_locked()).has_value();
       },
-      deadline, spin_, [&] { watch_as_consumer(); },
+      deadline, spin_,
+      [&] {
+        if (hook) hook();
+        watch_as_consumer();
+      },
       [&] {
         // The publish time (CLOCK_MONOTONIC, as WaitClock) lets the adaptive
         // policy learn true arrival times; a value no clock can hold is ignored
@@ -337,26 +373,23 @@ void SlotRing::release(uint32_t slot) {
 // ---- close -----------------------------------------------------------------------
 
 void SlotRing::close() noexcept {
+  // A fork()ed child's copy is not ours to close, and another thread of the
+  // parent may have held mutex_ when the child was forked: decide before locking.
+  if (::getpid() != user_pid_) {
+    closed_.store(true, std::memory_order_relaxed);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_.exchange(true, std::memory_order_relaxed)) return;
-  if (::getpid() != user_pid_) return;  // a fork()ed child's copy: not ours to close
   if (producer_index_) {
-    ProducerEntry& entry = producer_entry(*producer_index_);
-    for (uint32_t slot = 0; slot < layout_.depth; ++slot) {
-      // relaxed: a candidate; the compare-exchange decides.
-      const uint64_t raw = slot_entry(slot).state.load(std::memory_order_relaxed);
-      SlotWord word;
-      if (!SlotWord::decode(raw, word) || word.state != SlotState::kWriting || word.producer != *producer_index_) {
-        continue;
-      }
-      uint64_t expected = raw;
-      // release: hands the slot back like release() does.
-      (void)slot_entry(slot).state.compare_exchange(expected, SlotWord{SlotState::kFree, 0, 0}.encode(),
-                                                    std::memory_order_release);
-    }
+    const uint32_t index = *producer_index_;
+    ProducerEntry& entry = producer_entry(index);
+    (void)free_writes_of(index, producer_generation_);
     entry.claim.store(0, std::memory_order_seq_cst);  // seq_cst: see publish()
     // release: our slot hand-backs happen-before anyone who sees us detached.
-    entry.state.store(kProducerDetached, std::memory_order_release);
+    // Detached before the lock goes: a reaper never sees us Active and unlocked.
+    entry.state.store(ProducerWord{kProducerDetached, producer_generation_}.encode(), std::memory_order_release);
+    producer_lock_.release();
   }
   if (consumer_) {
     // release: producers that see the ring closed stop waiting for it.

@@ -49,11 +49,19 @@ bool SlotWord::decode(uint64_t word, SlotWord& out) noexcept {
   return true;
 }
 
+bool ProducerWord::decode(uint64_t word, ProducerWord& out) noexcept {
+  const auto state = static_cast<uint8_t>(word & 0xFF);
+  if (state > kProducerDead) return false;
+  out.state = static_cast<ProducerState>(state);
+  out.generation = word >> 8;
+  return out.generation <= kGenerationMask;
+}
+
 std::string SlotWord::describe() const {
   std::ostringstream text;
   switch (state) {
     case SlotState::kFree: text << "FREE"; break;
-    case SlotState::kWriting: text << "WRITING(producer " << producer << ")"; break;
+    case SlotState::kWriting: text << "WRITING(producer " << producer << ", generation " << sequence << ")"; break;
     case SlotState::kReady: text << "READY(producer " << producer << ", sequence " << sequence << ")"; break;
     case SlotState::kReading: text << "READING(sequence " << sequence << ")"; break;
   }

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "tensorxfer/common/error.h"
+#include "watched_wait.h"
 
 namespace tensorxfer::runtime {
 namespace detail {
@@ -32,11 +33,10 @@ bool EventState::is_complete(uint64_t generation) const {
   return completed_ >= generation;
 }
 
-bool EventState::wait_for(uint64_t generation, Seconds timeout) const {
+bool EventState::wait_for(uint64_t generation, std::optional<Seconds> timeout, const sync::WaitHook& hook) const {
+  const auto deadline = deadline_after(timeout);
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::min(std::max(timeout, Seconds(0)), Seconds(1e7)));  // 1e7 s: no overflow
-  if (!completed_changed_.wait_for(lock, limit, [&] { return completed_ >= generation; })) {
+  if (!wait_watching(lock, completed_changed_, deadline, hook, [&] { return completed_ >= generation; })) {
     return false;
   }
   if (error_) std::rethrow_exception(error_);
@@ -61,18 +61,12 @@ bool HostEvent::query() const noexcept {
   }
 }
 
-bool HostEvent::wait_for(Seconds timeout) const {
-  return state_->wait_for(state_->recorded(), timeout);
+bool HostEvent::wait_for(Seconds timeout, const sync::WaitHook& hook) const {
+  return state_->wait_for(state_->recorded(), timeout, hook);
 }
 
-void HostEvent::wait(std::optional<Seconds> timeout) const {
-  const uint64_t generation = state_->recorded();
-  if (!timeout) {
-    while (!state_->wait_for(generation, Seconds(3600))) {
-    }
-    return;
-  }
-  if (!state_->wait_for(generation, *timeout)) {
+void HostEvent::wait(std::optional<Seconds> timeout, const sync::WaitHook& hook) const {
+  if (!state_->wait_for(state_->recorded(), timeout, hook)) {
     std::ostringstream message;
     message << "HostEvent.wait: the recorded work was not done after " << timeout->count() << " s";
     throw Timeout(message.str());

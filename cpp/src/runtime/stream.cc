@@ -17,6 +17,7 @@
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
 #include "tensorxfer/sync/cpu_relax.h"
+#include "watched_wait.h"
 
 namespace tensorxfer::runtime {
 namespace {
@@ -29,17 +30,11 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(20);
 // Stream-side event waits check for close() this often.
 constexpr Seconds kCancelPollInterval{0.02};
-// Longest single condition-variable wait (no overflow in the clock arithmetic).
-constexpr Seconds kLongestWait{3600.0};
 
 std::string seconds_text(Seconds value) {
   std::ostringstream out;
   out << value.count() << " s";
   return out.str();
-}
-
-Clock::duration bounded(Seconds timeout) {
-  return std::chrono::duration_cast<Clock::duration>(std::min(std::max(timeout, Seconds(0)), kLongestWait));
 }
 
 struct Entry {
@@ -56,7 +51,8 @@ struct HostStream::State {
   uint64_t push(Entry entry);
   void worker_loop() noexcept;
   void run_entry(Entry& entry) noexcept;
-  [[nodiscard]] bool wait_until_completed(uint64_t sequence, Seconds timeout);
+  [[nodiscard]] bool wait_until_completed(uint64_t sequence, std::optional<Seconds> timeout,
+                                          const sync::WaitHook& hook);
 
   std::mutex mutex;
   std::condition_variable work_available;
@@ -84,8 +80,10 @@ uint64_t HostStream::State::push(Entry entry) {
   return sequence;
 }
 
-bool HostStream::State::wait_until_completed(uint64_t sequence, Seconds timeout) {
+bool HostStream::State::wait_until_completed(uint64_t sequence, std::optional<Seconds> timeout,
+                                             const sync::WaitHook& hook) {
   if (completed.load(std::memory_order_acquire) >= sequence) return true;
+  const auto deadline = detail::deadline_after(timeout);
   const auto spin_until = Clock::now() + kSpinBeforeSleep;
   for (unsigned polls = 0;; ++polls) {
     if (completed.load(std::memory_order_acquire) >= sequence) return true;
@@ -93,7 +91,7 @@ bool HostStream::State::wait_until_completed(uint64_t sequence, Seconds timeout)
     sync::cpu_relax();
   }
   std::unique_lock<std::mutex> lock(mutex);
-  return work_completed.wait_for(lock, bounded(timeout), [&] {
+  return detail::wait_watching(lock, work_completed, deadline, hook, [&] {
     return completed.load(std::memory_order_relaxed) >= sequence;
   });
 }
@@ -222,17 +220,12 @@ uint64_t HostStream::wait_event(const HostEvent& event) {
   });
 }
 
-void HostStream::synchronize(std::optional<Seconds> timeout) {
+void HostStream::synchronize(std::optional<Seconds> timeout, const sync::WaitHook& hook) {
   const uint64_t target = enqueued_sequence();
-  if (timeout) {
-    if (!wait_until_completed(target, *timeout)) {
-      const uint64_t pending = target - completed_sequence();
-      throw Timeout("HostStream.synchronize: " + std::to_string(pending) +
-                    " task(s) still pending after " + seconds_text(*timeout));
-    }
-  } else {
-    while (!wait_until_completed(target, kLongestWait)) {
-    }
+  if (!wait_until_completed(target, timeout, hook)) {
+    const uint64_t pending = target - completed_sequence();
+    throw Timeout("HostStream.synchronize: " + std::to_string(pending) + " task(s) still pending after " +
+                  seconds_text(*timeout));
   }
   raise_pending_error();
 }
@@ -248,8 +241,9 @@ uint64_t HostStream::enqueued_sequence() const noexcept {
   return state_->enqueued;
 }
 
-bool HostStream::wait_until_completed(uint64_t sequence, Seconds timeout) const {
-  return state_->wait_until_completed(sequence, timeout);
+bool HostStream::wait_until_completed(uint64_t sequence, std::optional<Seconds> timeout,
+                                      const sync::WaitHook& hook) const {
+  return state_->wait_until_completed(sequence, timeout, hook);
 }
 
 void HostStream::raise_pending_error() {
@@ -261,7 +255,7 @@ void HostStream::raise_pending_error() {
   if (error) std::rethrow_exception(error);
 }
 
-void HostStream::close(Seconds timeout) {
+void HostStream::close(Seconds timeout, const sync::WaitHook& hook) {
   State& state = *state_;
   std::lock_guard<std::mutex> closing(state.close_mutex);
   uint64_t target = 0;
@@ -277,7 +271,7 @@ void HostStream::close(Seconds timeout) {
       return;
     }
   }
-  const bool drained = state.wait_until_completed(target, timeout);
+  const bool drained = state.wait_until_completed(target, timeout, hook);
   uint64_t cancelled = 0;
   if (!drained) {
     state.cancelling.store(true, std::memory_order_relaxed);

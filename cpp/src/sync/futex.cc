@@ -23,21 +23,26 @@ long futex_call(const SharedWord32& word, int operation, uint32_t value, const t
 
 }  // namespace
 
-bool futex_wait(const SharedWord32& word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  if (timeout <= std::chrono::nanoseconds::zero()) return false;
+FutexWaitEnd futex_sleep(const SharedWord32& word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  if (timeout <= std::chrono::nanoseconds::zero()) return FutexWaitEnd::kTimedOut;
   timespec relative{};
   relative.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
   relative.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  if (futex_call(word, FUTEX_WAIT, expected, &relative) == 0) return true;
+  if (futex_call(word, FUTEX_WAIT, expected, &relative) == 0) return FutexWaitEnd::kWoken;
   switch (errno) {
     case EAGAIN:  // the word no longer held `expected`
-    case EINTR:   // a signal: the caller re-checks its condition and deadline
-      return true;
+      return FutexWaitEnd::kWoken;
+    case EINTR:  // a signal handler ran: the caller re-checks its condition and deadline
+      return FutexWaitEnd::kInterrupted;
     case ETIMEDOUT:
-      return false;
+      return FutexWaitEnd::kTimedOut;
     default:
       throw_system_error("futex(FUTEX_WAIT)");
   }
+}
+
+bool futex_wait(const SharedWord32& word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  return futex_sleep(word, expected, timeout) != FutexWaitEnd::kTimedOut;
 }
 
 int futex_wake(SharedWord32& word, int count) noexcept {

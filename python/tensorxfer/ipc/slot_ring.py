@@ -6,7 +6,9 @@ Several producers, one consumer (the process that created the ring)::
     peer = SlotRing.attach(ring.handle)                  # in a producer process
     slot = peer.acquire_free(timeout=1.0)
     peer.slot_array(slot)[:] = ...                       # zero-copy numpy uint8 view
-    peer.publish(slot, tick_id=7)
+    peer.publish(slot, tick_id=7)                        # or peer.abandon(slot): hand it back unpublished
+    with peer.writing(tick_id=8, timeout=1.0) as slot:   # publishes on success, abandons on an exception
+        peer.slot_array(slot)[:] = ...
     slot, tick_id = ring.acquire_ready(timeout=1.0)      # slots come out in publish order
     ring.release(slot)
     ring.close()
@@ -28,11 +30,21 @@ Waits release the GIL.  How they spend their time is set by ``spin_us``:
 * ``x > 0``: spin ``x`` microseconds, then sleep.
 
 ``wait_stats`` shows what the policy learned and how recent waits ended.
-A wait raises ``TimeoutError`` when its timeout passes and
-``tensorxfer.PeerLostError`` when the other side has died (checked at least every
-20 ms), so a killed peer never hangs a process.  Slots held for writing by a
-dead producer are reclaimed.  The shared-memory name is removed when the
-consumer closes the ring or exits, or when a survivor notices the consumer died.
+A wait's ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+seconds, ``0`` to try once, ``None`` for no deadline.  Whatever the timeout, a
+wait raises ``tensorxfer.PeerLostError`` when the other side has died and
+``KeyboardInterrupt`` on Ctrl-C (both checked at least every 20 ms, with
+nothing taken from the ring), so a killed peer never hangs a process; it
+raises ``TimeoutError`` when its timeout passes.  Liveness is read from record
+locks each side holds on the ring's shared-memory file, not from pids, so it
+holds between containers that share ``/dev/shm`` but not a PID namespace.
+Slots held for writing by a dead producer are reclaimed.  The shared-memory
+name is removed when the consumer closes the ring or exits, or when a survivor
+notices the consumer died.
+
+``max_producers`` bounds how many producers are attached at once: a producer
+that closes (or dies) frees its entry for the next, so a pool of workers may
+re-attach every epoch for as long as it likes.
 
 Slot views (``slot_array`` / ``slot_tensor`` / ``slot_arrays``) keep the
 mapping alive, so they never dangle; but after ``close()`` they are detached
@@ -41,10 +53,11 @@ from the ring: writes to them reach no one.  Drop them before closing.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -52,6 +65,8 @@ from tensorxfer import _core
 from tensorxfer._resource import SharedResource
 
 __all__ = ["SlotRing", "SlotRingHandle"]
+
+_MAX_TICK_ID = 2**64
 
 
 @dataclass(frozen=True)
@@ -76,19 +91,6 @@ def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> i
         bounds = f"be in [{low}, {high})" if high is not None else f"be >= {low}"
         raise ValueError(f"{name} must {bounds}, got {value}")
     return value
-
-
-def _check_timeout(timeout: Optional[float], name: str = "timeout") -> Optional[float]:
-    if timeout is None:
-        return None
-    if type(timeout) is float and timeout >= 0:
-        return timeout  # the common case (NaN fails the comparison)
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{name} must be None or a number of seconds, got {type(timeout).__name__}")
-    timeout = float(timeout)
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{name} must be None or a number of seconds >= 0, got {timeout}")
-    return timeout
 
 
 def _check_spin(spin_us: Optional[float]) -> Optional[float]:
@@ -138,7 +140,8 @@ class SlotRing(SharedResource):
         spend their time (see the module docstring): ``None`` predicts the next
         arrival and spins only around it, ``0`` never spins, ``x > 0`` spins
         ``x`` microseconds before sleeping.  ``max_producers``: how many
-        producers may attach over the ring's life (1..255).
+        producers may be attached at once (1..255); entries of producers that
+        closed or died are reused.
         """
         depth = _check_int(depth, "depth", 1, 1025)
         slot_nbytes = _check_int(slot_nbytes, "slot_nbytes", 1)
@@ -151,7 +154,8 @@ class SlotRing(SharedResource):
 
         Raises ``tensorxfer.CorruptSegmentError`` if the segment fails validation
         or does not match the handle, ``tensorxfer.PeerLostError`` if the consumer has
-        exited or closed the ring, ``FileNotFoundError`` if it no longer exists.
+        exited or closed the ring, ``FileNotFoundError`` if it no longer exists,
+        ``ValueError`` if ``max_producers`` producers are attached now.
         """
         if isinstance(handle, SlotRingHandle):
             name = handle.name
@@ -239,7 +243,7 @@ class SlotRing(SharedResource):
 
     @property
     def live_producers(self) -> int:
-        """Producers attached and alive now (a diagnostic: reads /proc for each)."""
+        """Producers attached now, attaching or active and alive (a diagnostic: one system call each)."""
         return self._live().live_producers
 
     @property
@@ -257,13 +261,13 @@ class SlotRing(SharedResource):
     def acquire_free(self, timeout: Optional[float] = None) -> int:
         """Take a free slot for writing and return its index.
 
-        ``timeout`` in seconds (``None``: no limit, but a dead or closed consumer
-        still raises).  Raises ``TimeoutError`` or ``tensorxfer.PeerLostError``.
+        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
+        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` if the
+        consumer died or closed the ring, ``KeyboardInterrupt`` on Ctrl-C (also
+        with ``timeout=None``; no slot is taken then).
         """
         if self._closed:
             raise ValueError("ring is closed")
-        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
-            timeout = _check_timeout(timeout)
         return self._core.acquire_free(timeout)
 
     def try_acquire_free(self) -> Optional[int]:
@@ -285,20 +289,55 @@ class SlotRing(SharedResource):
             tick_id = _check_int(tick_id, "tick_id", 0, 2**64)
         self._core.publish(slot, tick_id)
 
+    def abandon(self, slot: int) -> None:
+        """Hand a slot from :meth:`acquire_free` back without publishing it.
+
+        For a producer that fails after acquiring: the slot becomes free for
+        any producer and the consumer never sees it.  Raises ``ValueError`` if
+        the slot is out of range or not held by this handle for writing (e.g.
+        already published or abandoned).
+        """
+        core = self._live()
+        core.abandon(_check_int(slot, "slot", 0, self._depth))
+
+    @contextlib.contextmanager
+    def writing(self, tick_id: int, timeout: Optional[float] = None) -> Iterator[int]:
+        """Acquire a free slot for the ``with`` block; publish it as ``tick_id`` when the block succeeds.
+
+        ::
+
+            with ring.writing(tick_id=7, timeout=1.0) as slot:
+                ring.slot_array(slot)[:n] = batch
+
+        If the block raises (``KeyboardInterrupt`` included), the slot is
+        abandoned (handed back unpublished) and the exception propagates.
+        ``timeout`` applies to acquiring the slot, as in :meth:`acquire_free`.
+        Raises ``TypeError``/``ValueError`` for a bad ``tick_id`` before acquiring.
+        """
+        tick_id = _check_int(tick_id, "tick_id", 0, _MAX_TICK_ID)
+        slot = self.acquire_free(timeout)
+        try:
+            yield slot
+        except BaseException:
+            if not self._closed:  # close() already handed the slot back
+                self.abandon(slot)
+            raise
+        self.publish(slot, tick_id)
+
     # ---- consumer -------------------------------------------------------------
 
     def acquire_ready(self, timeout: Optional[float] = None) -> Tuple[int, int]:
         """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds, ``tensorxfer.PeerLostError``
-        when every producer that attached is gone, at least one of them died
-        without closing, and nothing is ready.  (If all producers closed
-        cleanly, another may attach: the wait goes on until the timeout.)
+        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
+        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` when every
+        producer that attached is gone, at least one of them died without
+        closing, and nothing is ready (if all producers closed cleanly, another
+        may attach: the wait goes on), ``KeyboardInterrupt`` on Ctrl-C (also
+        with ``timeout=None``; nothing is taken then).
         """
         if self._closed:
             raise ValueError("ring is closed")
-        if not (type(timeout) is float and timeout >= 0):  # the common case skips the call (NaN fails)
-            timeout = _check_timeout(timeout)
         slot, tick_id, self._last_publish_ns = self._core.acquire_ready(timeout)
         return slot, tick_id
 

@@ -12,7 +12,10 @@
   its copies multi-threaded.
 
 All three are native (``tensorxfer._core``) and release the GIL while they copy
-or wait.
+or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+seconds, ``0`` to check once, ``None`` (the default) for no deadline; Ctrl-C
+interrupts any wait with ``KeyboardInterrupt`` (the stream and event stay
+usable).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream

@@ -323,7 +323,7 @@ TEST(ShmSegmentTest, ACreatorThatDetachedIsGoneForTheOthers) {
 TEST(ShmSegmentTest, ACreatorInAnotherPidNamespaceIsAliveUntilKilled) {
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);
-  const auto child = fork_in_new_pid_namespace([&] {
+  auto child = fork_in_new_pid_namespace([&] {
     ShmSegment segment = ShmSegment::create(64, kTestKind);
     char name[128] = {};
     std::strncpy(name, segment.name().c_str(), sizeof(name) - 1);
@@ -348,8 +348,7 @@ TEST(ShmSegmentTest, ACreatorInAnotherPidNamespaceIsAliveUntilKilled) {
   ASSERT_TRUE(attached.has_value());
   EXPECT_TRUE(attached->owner_alive());
   EXPECT_EQ(attached->owner().pid, 1);
-  ::kill(child.inner, SIGKILL);
-  EXPECT_EQ(wait_exit_code(child.outer), 128 + SIGKILL);
+  EXPECT_EQ(child.kill_and_wait(), 128 + SIGKILL);
   EXPECT_FALSE(attached->owner_alive());
   EXPECT_GE(sweep_stale_segments(), 1u);
   EXPECT_FALSE(shm_name_exists(name));

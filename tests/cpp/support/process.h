@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 namespace tensorxfer::testing {
 
@@ -48,15 +50,65 @@ inline bool shm_name_exists(const std::string& name) {
   return ::stat(("/dev/shm" + name).c_str(), &info) == 0;
 }
 
+// A pipe for short one-way notes (up to 127 characters) from a forked child.
+struct NotePipe {
+  NotePipe() {
+    if (::pipe(fds) != 0) fds[0] = fds[1] = -1;
+  }
+  ~NotePipe() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  NotePipe(const NotePipe&) = delete;
+  NotePipe& operator=(const NotePipe&) = delete;
+  void send(const std::string& text) const {
+    char buffer[128] = {};
+    std::strncpy(buffer, text.c_str(), sizeof(buffer) - 1);
+    (void)!::write(fds[1], buffer, sizeof(buffer));
+  }
+  // The next note; "" if the writer died first.
+  std::string receive() const {
+    char buffer[128] = {};
+    if (::read(fds[0], buffer, sizeof(buffer)) != static_cast<ssize_t>(sizeof(buffer))) return "";
+    return buffer;
+  }
+  int fds[2];
+};
+
+// Waits until `pid` stops (SIGSTOP) or ends; true if it stopped.
+inline bool wait_until_stopped(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, WUNTRACED) != pid) return false;
+  return WIFSTOPPED(status);
+}
+
 // A process running in a PID namespace of its own (as a container's processes
 // do): `inner` is its pid as this process sees it (it sees itself as pid 1);
 // `outer` is the helper that created the namespace and exits with inner's
 // exit code. skip_reason is set (and both pids are 0) when this machine does
-// not allow a new PID namespace (unshare needs CAP_SYS_ADMIN).
+// not allow a new PID namespace (unshare needs CAP_SYS_ADMIN). Destruction
+// kills and reaps whatever still runs, so a failed assertion leaves no orphan.
 struct NamespacedChild {
   pid_t outer = 0;
   pid_t inner = 0;
   std::string skip_reason;
+
+  NamespacedChild() = default;
+  NamespacedChild(NamespacedChild&& other) noexcept
+      : outer(std::exchange(other.outer, 0)), inner(std::exchange(other.inner, 0)),
+        skip_reason(std::move(other.skip_reason)) {}
+  NamespacedChild& operator=(NamespacedChild&&) = delete;
+  ~NamespacedChild() { (void)kill_and_wait(); }
+
+  // SIGKILLs the inner process and returns the outer's exit code (128 + SIGKILL
+  // when the kill ended it); -1 if there is nothing to wait for.
+  int kill_and_wait() {
+    if (outer <= 0) return -1;
+    ::kill(inner, SIGKILL);
+    const int code = wait_exit_code(outer);
+    outer = inner = 0;
+    return code;
+  }
 };
 
 // Runs `body` (returning its exit code) in a new PID namespace. The body sees

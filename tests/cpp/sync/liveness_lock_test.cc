@@ -162,7 +162,7 @@ TEST(LivenessLockTest, AHolderInAnotherPidNamespaceIsAliveUntilKilled) {
   FileDescriptor file = anonymous_shared_file();
   ASSERT_TRUE(file.valid());
   Pipe ready;
-  const auto child = fork_in_new_pid_namespace([&] {
+  auto child = fork_in_new_pid_namespace([&] {
     std::optional<LivenessLock> lock = LivenessLock::try_hold(file.get(), 2);
     const ProcessIdentity self = current_process_identity();
     ready.send(lock ? self.pid : -1);
@@ -179,9 +179,8 @@ TEST(LivenessLockTest, AHolderInAnotherPidNamespaceIsAliveUntilKilled) {
   // ...the lock does not.
   EXPECT_TRUE(liveness_held(file.get(), 2));
   EXPECT_FALSE(LivenessLock::try_hold(file.get(), 2).has_value());
-  ::kill(child.inner, SIGKILL);
-  EXPECT_TRUE(becomes_true([&] { return !liveness_held(file.get(), 2); }));
-  EXPECT_EQ(wait_exit_code(child.outer), 128 + SIGKILL);
+  EXPECT_EQ(child.kill_and_wait(), 128 + SIGKILL);
+  EXPECT_FALSE(liveness_held(file.get(), 2));
 }
 
 }  // namespace

@@ -171,10 +171,12 @@ def test_bad_arguments_are_refused_clearly():
         stream.enqueue_copy(buffer[:8], buffer[4:12])
     with pytest.raises(TypeError):
         stream.enqueue_copy("not a tensor", np.zeros(4, np.uint8))
-    with pytest.raises(ValueError, match="timeout must be None or >= 0"):
+    with pytest.raises(ValueError, match=r"HostStream.synchronize: timeout must be None \(no deadline\) or a number of seconds >= 0, got -1"):
         stream.synchronize(timeout=-1)
-    with pytest.raises(ValueError, match="timeout must be None or >= 0"):
+    with pytest.raises(ValueError, match="HostEvent.wait: timeout must be .* got nan"):
         HostEvent().wait(timeout=float("nan"))
+    with pytest.raises(TypeError, match="HostEvent.wait: timeout must be None .* got str '1'"):
+        HostEvent().wait(timeout="1")
     with pytest.raises(TypeError):
         HostStream(engine="fast")  # TypeError naming the type
     assert stream.enqueued_sequence == 0

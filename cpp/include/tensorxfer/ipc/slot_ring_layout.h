@@ -26,7 +26,8 @@ namespace tensorxfer::ipc {
 
 inline constexpr uint32_t kSlotRingKind = memory::make_kind_tag("RING");
 inline constexpr uint32_t kRingMagic = memory::make_kind_tag("TXRG");
-inline constexpr uint32_t kRingLayoutVersion = 1;
+// 2: producer entries are reused, liveness is a lock per entry, WRITING carries a generation.
+inline constexpr uint32_t kRingLayoutVersion = 2;
 inline constexpr uint32_t kMaxRingDepth = 1024;
 inline constexpr uint32_t kMaxRingProducers = 255;  // the producer index is 8 bits of a slot word
 inline constexpr uint32_t kDefaultRingProducers = 64;
@@ -55,24 +56,45 @@ enum ConsumerState : uint32_t { kConsumerOpen = 1, kConsumerClosed = 2 };
 
 struct RingControl {
   alignas(64) sync::SharedWord64 publish_counter;  // next publish sequence to hand out
-  sync::SharedWord32 producers_claimed;            // producer entries handed out so far
+  sync::SharedWord32 producers_claimed;            // entries ever claimed: 1 + the highest index used
   sync::SharedWord32 consumer_state;               // ConsumerState
   alignas(64) sync::EventCount ready_event;        // producers notify after publish
   alignas(64) sync::EventCount free_event;         // consumer notifies after release / close
 };
 static_assert(std::is_trivially_copyable_v<RingControl> && sizeof(RingControl) == 192);
 
-enum ProducerState : uint32_t {
-  kProducerAttaching = 0,  // index handed out, identity not yet written
-  kProducerActive = 1,
-  kProducerDetached = 2,   // closed cleanly: holds no slot
-  kProducerDead = 3,       // exited without closing: its WRITING slots get reclaimed
+// Producer entries are reused: an entry belongs to whoever holds its liveness
+// lock (segment participant kProducerParticipantBase + index, see
+// sync/liveness_lock.h). A producer takes the lock first, then writes the
+// entry; it marks the entry Detached before it lets the lock go. So an entry
+// that says Attaching or Active while nobody holds its lock lost its producer
+// (killed, in whatever PID namespace it ran). Every claim of an entry bumps its
+// generation, and the slots a producer writes carry it (WRITING(producer,
+// generation)), so a reaper that judged generation g dead never frees a slot
+// of generation g + 1.
+enum ProducerState : uint8_t {
+  kProducerUnused = 0,     // never claimed (zeroed memory)
+  kProducerAttaching = 1,  // claimed (lock held), not yet active
+  kProducerActive = 2,
+  kProducerDetached = 3,   // closed cleanly: holds no slot
+  kProducerDead = 4,       // lost without closing: its WRITING slots of this generation get reclaimed
+};
+inline constexpr uint32_t kProducerParticipantBase = 1;  // segment participant 0 is the creator (the consumer)
+inline constexpr uint64_t kGenerationMask = (uint64_t{1} << 48) - 1;  // fits a slot word's sequence field
+
+// Producer entry state word: bits 0-7 ProducerState, 8-63 generation (< 2^48).
+struct ProducerWord {
+  ProducerState state = kProducerUnused;
+  uint64_t generation = 0;
+
+  uint64_t encode() const noexcept { return static_cast<uint64_t>(state) | (generation & kGenerationMask) << 8; }
+  // False if `word` holds no known state or an impossible generation.
+  [[nodiscard]] static bool decode(uint64_t word, ProducerWord& out) noexcept;
 };
 
 struct alignas(64) ProducerEntry {
-  sync::SharedWord32 state;        // ProducerState
-  uint32_t reserved;
-  sync::ProcessIdentity identity;  // written before state becomes Active; immutable after
+  sync::SharedWord64 state;        // encoded ProducerWord; written by the lock holder (and a reaper: -> Dead)
+  sync::ProcessIdentity identity;  // diagnostics only (a pid means nothing in another PID namespace)
   sync::SharedWord64 claim;        // publish sequence + 1 this producer is taking, 0 if none
 };
 static_assert(std::is_trivially_copyable_v<ProducerEntry> && sizeof(ProducerEntry) == 64);
@@ -84,12 +106,14 @@ struct alignas(64) SlotEntry {
 };
 static_assert(std::is_trivially_copyable_v<SlotEntry> && sizeof(SlotEntry) == 64);
 
-// Slot state word: bits 0-7 state, 8-15 producer index, 16-63 publish sequence.
-//   FREE                       -> WRITING(producer)      acquire_free
-//   WRITING(producer)          -> READY(producer, seq)   publish
-//   READY(producer, seq)       -> READING(seq)           acquire_ready
-//   READING(seq)               -> FREE                   release
-//   WRITING(dead producer)     -> FREE                   reclaim
+// Slot state word: bits 0-7 state, 8-15 producer index, 16-63 publish sequence
+// (for WRITING: the producer entry's generation).
+//   FREE                         -> WRITING(producer, gen)  acquire_free
+//   WRITING(producer, gen)       -> READY(producer, seq)    publish
+//   WRITING(producer, gen)       -> FREE                    abandon, close
+//   READY(producer, seq)         -> READING(seq)            acquire_ready
+//   READING(seq)                 -> FREE                    release
+//   WRITING(lost producer, gen)  -> FREE                    reclaim
 enum class SlotState : uint8_t { kFree = 1, kWriting = 2, kReady = 3, kReading = 4 };
 inline constexpr uint64_t kSequenceMask = (uint64_t{1} << 48) - 1;
 

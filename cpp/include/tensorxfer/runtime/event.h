@@ -11,6 +11,8 @@
 #include <mutex>
 #include <optional>
 
+#include "tensorxfer/sync/wait_hook.h"
+
 namespace tensorxfer::runtime {
 
 using Seconds = std::chrono::duration<double>;
@@ -31,9 +33,11 @@ class EventState {
   uint64_t recorded() const;
   // True once `generation` (or a later one) completed.
   [[nodiscard]] bool is_complete(uint64_t generation) const;
-  // Waits up to `timeout` for `generation`; false on expiry. Once done,
-  // rethrows the error the completing record carried.
-  [[nodiscard]] bool wait_for(uint64_t generation, Seconds timeout) const;
+  // Waits up to `timeout` (nullopt: no limit) for `generation`; false on
+  // expiry. Once done, rethrows the error the completing record carried. Runs
+  // `hook` every sync::kWatchSlice while waiting; what it throws ends the wait.
+  [[nodiscard]] bool wait_for(uint64_t generation, std::optional<Seconds> timeout,
+                              const sync::WaitHook& hook = {}) const;
   void reset() noexcept;
 
  private:
@@ -61,10 +65,12 @@ class HostEvent {
   // Blocks until the latest record (at the time of the call) is done; returns
   // at once if never recorded. Throws Timeout after `timeout` (nullopt: no
   // limit). If a task before the record failed, rethrows that task's error.
-  void wait(std::optional<Seconds> timeout = std::nullopt) const;
+  // Runs `hook` at least every sync::kWatchSlice while waiting and once before
+  // reporting a timeout; what it throws ends the wait (the event is unchanged).
+  void wait(std::optional<Seconds> timeout = std::nullopt, const sync::WaitHook& hook = {}) const;
 
-  // As wait(timeout) but returns false on expiry instead of throwing Timeout.
-  [[nodiscard]] bool wait_for(Seconds timeout) const;
+  // As wait(timeout, hook) but returns false on expiry instead of throwing Timeout.
+  [[nodiscard]] bool wait_for(Seconds timeout, const sync::WaitHook& hook = {}) const;
 
   // Back to "never recorded": query() is true, wait() returns at once.
   // Records still pending on a stream no longer affect this event.

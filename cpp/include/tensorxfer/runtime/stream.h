@@ -22,6 +22,7 @@
 
 #include "tensorxfer/common/tensor_view.h"
 #include "tensorxfer/runtime/event.h"
+#include "tensorxfer/sync/wait_hook.h"
 
 namespace tensorxfer::copy {
 class CopyEngine;
@@ -65,8 +66,10 @@ class HostStream {
 
   // Blocks until everything enqueued before the call has finished. Throws
   // Timeout after `timeout` (nullopt: no limit); then rethrows (and clears) a
-  // task error, if any.
-  void synchronize(std::optional<Seconds> timeout = std::nullopt);
+  // task error, if any. Runs `hook` at least every sync::kWatchSlice while
+  // waiting and once before a timeout; what it throws ends the wait (the
+  // stream is unchanged, a task error stays pending).
+  void synchronize(std::optional<Seconds> timeout = std::nullopt, const sync::WaitHook& hook = {});
 
   // True when everything enqueued so far has finished. Never blocks or throws.
   [[nodiscard]] bool query() const noexcept;
@@ -77,17 +80,21 @@ class HostStream {
   // Sequence number of the latest enqueued task (0: none yet).
   uint64_t enqueued_sequence() const noexcept;
 
-  // Waits up to `timeout` until completed_sequence() >= sequence; false on
-  // expiry. Does not report task errors.
-  [[nodiscard]] bool wait_until_completed(uint64_t sequence, Seconds timeout) const;
+  // Waits up to `timeout` (nullopt: no limit) until completed_sequence() >=
+  // sequence; false on expiry. Does not report task errors. `hook` as in
+  // synchronize.
+  [[nodiscard]] bool wait_until_completed(uint64_t sequence, std::optional<Seconds> timeout,
+                                          const sync::WaitHook& hook = {}) const;
 
   // Rethrows and clears the stored task error, if any.
   void raise_pending_error();
 
   // Stops accepting work, lets pending tasks run for up to `timeout`, cancels
   // what is left (events recorded behind complete with an error), joins the
-  // worker. Idempotent. Throws Timeout if tasks had to be cancelled.
-  void close(Seconds timeout);
+  // worker. Idempotent. Throws Timeout if tasks had to be cancelled. `hook`
+  // runs while pending tasks drain (as in synchronize); if it throws, the
+  // stream accepts no more work, its worker goes on, and close() may be called again.
+  void close(Seconds timeout, const sync::WaitHook& hook = {});
   bool closed() const noexcept;
 
  private:

@@ -6,8 +6,9 @@
 //
 // EventCount is the building block: waiters check a condition, and if it does
 // not hold, sleep until a notifier bumps the epoch. Sleeps are cut into slices
-// (at most kWatchSlice) so the caller's watch callback can look for dead peers
-// and turn a wait on a lost peer into an error instead of a hang.
+// (at most kWatchSlice), and long spins are checked as often, so the caller's
+// watch callback can look for dead peers (turning a wait on a lost peer into an
+// error instead of a hang) and run its WaitHook (wait_hook.h: Ctrl-C).
 #pragma once
 
 #include <algorithm>
@@ -21,18 +22,30 @@
 #include "tensorxfer/sync/cpu_relax.h"
 #include "tensorxfer/sync/shared_word.h"
 #include "tensorxfer/sync/spin_policy.h"
+#include "tensorxfer/sync/wait_hook.h"
 
 namespace tensorxfer::sync {
 
 enum class WaitStatus { kReady, kTimedOut };
 
-// The longest a waiter sleeps before running its watch callback (peer liveness).
+// The longest a waiter sleeps or spins before running its watch callback (peer
+// liveness, the WaitHook). Ctrl-C therefore ends a wait within about this long.
 inline constexpr std::chrono::milliseconds kWatchSlice{20};
 
-// Sleeps while `word` holds `expected`, for at most `timeout`. Returns true when
-// woken or when the word no longer holds `expected` (possibly spuriously: the
-// caller re-checks its condition), false when the timeout passed. EINTR counts
-// as a wake. Throws SystemError on any other futex failure.
+// How a futex sleep ended.
+enum class FutexWaitEnd {
+  kWoken,        // woken, or the word no longer held `expected` (possibly spurious)
+  kInterrupted,  // a signal handler ran (EINTR): e.g. Ctrl-C, worth checking for at once
+  kTimedOut,
+};
+
+// Sleeps while `word` holds `expected`, for at most `timeout`; the caller
+// re-checks its condition whatever the result. Throws SystemError on any other
+// futex failure.
+FutexWaitEnd futex_sleep(const SharedWord32& word, uint32_t expected, std::chrono::nanoseconds timeout);
+
+// futex_sleep, reporting only whether the timeout passed (false) or not (true;
+// EINTR counts as a wake).
 bool futex_wait(const SharedWord32& word, uint32_t expected, std::chrono::nanoseconds timeout);
 
 // Wakes up to `count` waiters sleeping on `word`; returns how many were woken.
@@ -68,8 +81,10 @@ struct EventCount {
   // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut),
   // following spin.plan() (see spin_policy.h) and telling `spin` how it went.
   // ready(): bool, cheap, may change shared state (e.g. claim a slot) when it
-  // returns true. watch(): called at least every kWatchSlice while sleeping and
-  // once more before timing out; it may throw (e.g. PeerLost) to end the wait.
+  // returns true. watch(): called at least every kWatchSlice while sleeping or
+  // spinning and once more before timing out; it may throw (e.g. PeerLost, or a
+  // WaitHook's exception) to end the wait. It runs only after ready() returned
+  // false, so a throwing watch leaves nothing claimed.
   // arrival_stamp(): called once after ready() returned true; when the
   // notifier made the change, if it is known (std::optional<WaitTime>, e.g. a
   // publish timestamp), which makes the adaptive policy's predictions exact.
@@ -90,17 +105,17 @@ struct EventCount {
 
   uint32_t prepare_wait() noexcept;
   void cancel_wait() noexcept;
-  // Spins until ready() or `until`; `now` is kept current.
-  template <typename Ready>
-  static bool spin_until(Ready& ready, WaitTime until, WaitTime& now);
+  // Spins until ready() or `until`, watching every kWatchSlice; `now` is kept current.
+  template <typename Ready, typename Watch>
+  static bool spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
   // Sleeps (notify wakes) until ready() or `until`, watching every kWatchSlice.
   template <typename Ready, typename Watch>
   SleepResult sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
 };
 static_assert(std::is_trivially_copyable_v<EventCount> && sizeof(EventCount) == 8);
 
-template <typename Ready>
-bool EventCount::spin_until(Ready& ready, WaitTime until, WaitTime& now) {
+template <typename Ready, typename Watch>
+bool EventCount::spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now) {
   for (uint32_t round = 1; now < until; ++round) {
     for (int i = 0; i < 16; ++i) cpu_relax();
     // When cores are oversubscribed the peer we wait for may need this CPU:
@@ -108,6 +123,11 @@ bool EventCount::spin_until(Ready& ready, WaitTime until, WaitTime& now) {
     if (round % 8 == 0) yield_processor();
     if (ready()) return true;
     now = WaitClock::now();
+    // Only fixed spin budgets (up to SpinPolicy::kFixedMax) spin this long.
+    if (now - last_watch >= kWatchSlice) {
+      watch();
+      last_watch = now;
+    }
   }
   return false;
 }
@@ -135,15 +155,18 @@ EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Wa
       return {SleepEnd::kReachedEnd, woken};
     }
     const auto slice = std::min<WaitClock::duration>(until - now, kWatchSlice);
+    FutexWaitEnd end = FutexWaitEnd::kTimedOut;
     try {
-      woken = futex_wait(epoch, key, slice);
+      end = futex_sleep(epoch, key, slice);
     } catch (...) {
       cancel_wait();
       throw;
     }
     cancel_wait();
+    woken = end != FutexWaitEnd::kTimedOut;
     now = WaitClock::now();
-    if (now - last_watch >= kWatchSlice) {
+    // After a signal the watch runs at once: its hook may have a Ctrl-C to report.
+    if (end == FutexWaitEnd::kInterrupted || now - last_watch >= kWatchSlice) {
       watch();
       last_watch = now;
     }
@@ -165,8 +188,10 @@ WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, SpinPolicy& spin,
     return WaitStatus::kReady;
   };
   WaitTime now = start;
-  if (spin_until(ready, std::min(start + plan.spin, deadline), now)) return arrived(Phase::kSpin, false);
-  WaitTime last_watch = now;
+  WaitTime last_watch = start;
+  if (spin_until(ready, std::min(start + plan.spin, deadline), watch, last_watch, now)) {
+    return arrived(Phase::kSpin, false);
+  }
   if (plan.kind == WaitPlan::Kind::kPredicted) {
     if (plan.wake_at > now && now < deadline) {
       const WaitTime until = std::min(plan.wake_at, deadline);
@@ -178,7 +203,9 @@ WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, SpinPolicy& spin,
       if (slept.end == SleepEnd::kReady) return arrived(Phase::kDoze, slept.woken_by_notify);
       if (!slept.woken_by_notify && until == plan.wake_at) spin.record_timed_wake(plan.wake_at, now);
     }
-    if (spin_until(ready, std::min(plan.window_end, deadline), now)) return arrived(Phase::kWindow, false);
+    if (spin_until(ready, std::min(plan.window_end, deadline), watch, last_watch, now)) {
+      return arrived(Phase::kWindow, false);
+    }
   }
   const SleepResult slept = sleep_until(ready, deadline, watch, last_watch, now);
   if (slept.end == SleepEnd::kReady) return arrived(Phase::kSleep, slept.woken_by_notify);

@@ -305,13 +305,25 @@ def test_label_and_flag_types_are_checked(backend, name, value):
         backend.submit_h2d(slot=0, dst=dst, src=np.ones(4, np.float32), **{name: value})
 
 
-@pytest.mark.parametrize("timeout, error", [(0, ValueError), (-1.0, ValueError), (math.inf, ValueError),
-                                            (math.nan, ValueError), ("1", TypeError), (True, TypeError)])
+@pytest.mark.parametrize("timeout, error", [(-1.0, ValueError), (-math.inf, ValueError), (math.nan, ValueError),
+                                            ("1", TypeError), (True, TypeError)])
 def test_wait_timeouts_are_validated(backend, timeout, error):
-    with pytest.raises(error, match="timeout"):
+    with pytest.raises(error, match="synchronize_ready: timeout"):
         backend.synchronize_ready(0, timeout=timeout)
-    with pytest.raises(error, match="timeout"):
+    with pytest.raises(error, match="wait_current_stream_for_ready: timeout"):
         backend.wait_current_stream_for_ready(0, timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [None, 0, 0.0, 5, math.inf])
+def test_wait_timeouts_follow_the_package_rules(backend, timeout):
+    # None and +inf: no deadline; 0: check once. With nothing pending, every form returns at once.
+    backend.synchronize_ready(0, timeout=timeout)
+    backend.wait_current_stream_for_ready(0, timeout=timeout)
+    dst = device_slot(backend, np.float32, (4,))
+    backend.submit_h2d(slot=0, dst=dst, src=np.ones(4, np.float32))
+    backend.synchronize_ready(0, timeout=None if timeout == 0 else timeout)
+    assert backend.ready_query(0)
+    backend.synchronize_ready(0, timeout=0)  # done: a single check succeeds
 
 
 # -- host and device slots ---------------------------------------------------------------------

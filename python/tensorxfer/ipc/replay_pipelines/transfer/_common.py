@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 import numbers
 import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from tensorxfer import _core
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
-DEFAULT_WAIT_TIMEOUT_S = 60.0
 TRACE_CATEGORY = "replay_transfer"
 SUBMIT_SPAN_NAME = "replay.h2d_submit"
 COPY_SPAN_NAME = "replay.h2d_copy"
@@ -38,21 +37,17 @@ def require_ring_depth(ring_depth: Any) -> int:
     return require_int(ring_depth, "ring_depth", minimum=1)
 
 
-def resolve_timeout(timeout: Any) -> float:
-    """``None`` -> the default wait; otherwise a finite number of seconds > 0."""
-    if timeout is None:
-        return DEFAULT_WAIT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    return float(timeout)
+def resolve_timeout(timeout: Any, operation: str) -> Optional[float]:
+    """A wait's ``timeout`` by the package rules (see :mod:`tensorxfer.errors`):
+    ``None`` (no deadline) or seconds >= 0 (0: check once)."""
+    return _core.check_timeout(timeout, operation)
 
 
 def wait_blocking(
-    wait: Callable[[], Any], timeout: float, what: str, *, done: Optional[Callable[[], bool]] = None
+    wait: Callable[[], Any], timeout: Optional[float], what: str, *, done: Optional[Callable[[], bool]] = None
 ) -> None:
-    """Blocks until ``wait()`` returns; ``TimeoutError`` naming ``what`` after ``timeout`` s.
+    """Blocks until ``wait()`` returns; ``TimeoutError`` naming ``what`` after ``timeout`` s
+    (``None``: no deadline; Ctrl-C still interrupts the caller's wait).
 
     ``wait`` is a blocking device wait that releases the GIL (``Event.synchronize``,
     ``Stream.synchronize``): the calling thread sleeps until it returns, nothing
@@ -363,10 +358,11 @@ class TransferBackendBase(abc.ABC):
 
     def synchronize_ready(self, slot: int, *, timeout: Optional[float] = None) -> None:
         """Blocks until the slot's last submitted copy has finished; returns at once
-        when none is pending.  ``TimeoutError`` after ``timeout`` seconds (default
-        ``DEFAULT_WAIT_TIMEOUT_S``)."""
+        when none is pending.  ``timeout``: seconds (0: check once), ``None`` (the
+        default): no deadline, Ctrl-C still interrupts (``KeyboardInterrupt``).
+        ``TimeoutError`` when it passes."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.synchronize_ready")
         if self._submitted[slot]:
             self._wait_ready(slot, timeout)
 
@@ -375,7 +371,7 @@ class TransferBackendBase(abc.ABC):
         with streams: returns at once; host: the calling thread waits, bounded by
         ``timeout`` as in ``synchronize_ready``)."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout)
+        timeout = resolve_timeout(timeout, f"{type(self).__name__}.wait_current_stream_for_ready")
         if self._submitted[slot]:
             self._stream_wait_ready(slot, timeout)
 
@@ -400,10 +396,11 @@ class TransferBackendBase(abc.ABC):
         """Whether the slot's last copy finished; never blocks."""
 
     @abc.abstractmethod
-    def _wait_ready(self, slot: int, timeout: float) -> None:
-        """Blocks the caller until the slot's last copy finished; TimeoutError after ``timeout``."""
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
+        """Blocks the caller until the slot's last copy finished; TimeoutError after
+        ``timeout`` (``None``: no deadline; the wait must stay interruptible by Ctrl-C)."""
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         self._wait_ready(slot, timeout)
 
     def _close_impl(self) -> None:
@@ -411,7 +408,6 @@ class TransferBackendBase(abc.ABC):
 
 
 __all__ = [
-    "DEFAULT_WAIT_TIMEOUT_S",
     "TRACE_CATEGORY",
     "SUBMIT_SPAN_NAME",
     "COPY_SPAN_NAME",

@@ -3,7 +3,7 @@ one ready event per slot, ``torch.<runtime>`` streams and events."""
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from tensorxfer.ipc.replay_pipelines.transfer._common import SubmittedCopy, TransferBackendBase, wait_blocking
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import (
@@ -94,12 +94,12 @@ class TorchStreamBackendBase(TransferBackendBase):
             self._in_flight[slot].clear()
         return done
 
-    def _wait_ready(self, slot: int, timeout: float) -> None:
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         event = self._ready_events[slot]
         wait_blocking(event.synchronize, timeout, f"the copy into slot {slot} on {self.device}", done=event.query)
         self._in_flight[slot].clear()
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         self._runtime.current_stream(self.device).wait_event(self._ready_events[slot])
 
     def _synchronize_copy_stream(self, what: str) -> None:

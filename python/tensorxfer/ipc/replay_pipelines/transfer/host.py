@@ -166,7 +166,7 @@ class HostReplayTransferBackend(TransferBackendBase):
     def _query_ready(self, slot: int) -> bool:
         return self._ready_events[slot].query()
 
-    def _wait_ready(self, slot: int, timeout: float) -> None:
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         try:
             self._ready_events[slot].wait(timeout)
         except TimeoutError as error:

@@ -9,7 +9,7 @@ is ready when ``submit_h2d`` returns.
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from tensorxfer.ipc.replay_pipelines.transfer._common import SubmittedCopy, TransferBackendBase, wait_blocking
 from tensorxfer.ipc.replay_pipelines.transfer._torch_device import (
@@ -81,12 +81,12 @@ class TorchCopyReplayTransferBackend(TransferBackendBase):
     def _query_ready(self, slot: int) -> bool:
         return self._events is None or self._events[slot].query()
 
-    def _wait_ready(self, slot: int, timeout: float) -> None:
+    def _wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         if self._events is not None:
             event = self._events[slot]
             wait_blocking(event.synchronize, timeout, f"the copy into slot {slot} on {self.device}", done=event.query)
 
-    def _stream_wait_ready(self, slot: int, timeout: float) -> None:
+    def _stream_wait_ready(self, slot: int, timeout: Optional[float]) -> None:
         if self._events is not None:
             self._events[slot].wait()  # orders the device's current stream; returns at once
 
