@@ -155,7 +155,6 @@ void bind_span_copies(py::module_& module) {
 }  // namespace
 
 void bind_copy(py::module_& module) {
-  bind_span_copies(module);
 
   py::class_<CopyEngine>(module, "CopyEngine",
                          "Worker threads that split large host copies and row packing with the "
@@ -226,6 +225,7 @@ void bind_copy(py::module_& module) {
       py::arg("engine") = nullptr,
       "Gathers sources[f][indices] into dst at each field's offset (GIL released). "
       "sources: [(field name, tensor)]. Use tensorxfer.ipc.pack_rows instead.");
+  bind_span_copies(module);  // after CopyEngine, which its signatures name
 }
 
 }  // namespace tensorxfer::bindings

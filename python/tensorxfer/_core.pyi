@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A non-owning view of a tensor's memory that keeps its owner alive.
@@ -364,6 +364,10 @@ def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
     The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
     """
+def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the (n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The caller keeps every span's memory alive. Private to the copy services and the pipeline executor.
+    """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
@@ -376,6 +380,10 @@ def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
     ...
+def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
+    """
+    (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
+    """
 def huge_page_size() -> int:
     """
     The default huge page size in bytes.
@@ -404,6 +412,10 @@ def pack_rows(dst: typing.Any, layout: PackLayout, sources: list, indices: typin
     """
     Gathers sources[f][indices] into dst at each field's offset (GIL released). sources: [(field name, tensor)]. Use tensorxfer.ipc.pack_rows instead.
     """
+def pack_spans(dst: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies the host spans (addresses[i], nbytes[i]) back to back into dst (GIL released). The caller keeps every span's memory alive. Private to tensorxfer.resharding.copy_services.
+    """
 def page_size() -> int:
     """
     The system page size in bytes.
@@ -423,6 +435,10 @@ def resident_page_count(view: TensorView, argument: str) -> int:
 def sweep_stale_segments() -> int:
     """
     Remove /dev/shm/tensorxfer-* segments whose creator has exited; returns how many.
+    """
+def unpack_spans(src: typing.Any, addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
+    """
+    Copies src's bytes, back to back, into the host spans (addresses[i], nbytes[i]) (GIL released); the inverse of pack_spans. Private to the copy services.
     """
 __version__: str
 build_info: dict

@@ -62,7 +62,10 @@ def launch_mpi(world: int, args: List[str], timeout: float) -> Tuple[List[int], 
     env = _environment()
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
-    command = [mpirun, "--oversubscribe", "-n", str(world), sys.executable, WORKER, "mpi", *args]
+    # In the failure modes a rank dies on purpose: --enable-recovery keeps mpirun from
+    # killing the survivors, whose own report (within their timeout) is under test.
+    recovery = ["--enable-recovery"] if args[-1] in ("kill", "idle") else []
+    command = [mpirun, "--oversubscribe", *recovery, "-n", str(world), sys.executable, WORKER, "mpi", *args]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return _collect([process], timeout)
 

@@ -95,6 +95,7 @@ def failure(service, out_dir: str, mode: str) -> None:
     except Exception as error:
         result = {"error": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
     write(out_dir, rank, result)
+    time.sleep(1.0)  # let the other survivors see the killed rank before this one exits too
     os._exit(0)  # the group is broken: skip MPI_Finalize / gloo teardown
 
 

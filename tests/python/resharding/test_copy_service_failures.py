@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -41,8 +42,8 @@ def test_killed_peer_is_reported_within_the_timeout(backend, world, tmp_path):
     for rank, result in enumerate(survivors(backend, world, "kill", tmp_path)):
         assert result["error"] in ("PeerLostError", "TimeoutError"), f"rank {rank}: {result}"
         assert result["seconds"] < FAILURE_TIMEOUT + 2.0, f"rank {rank} took {result['seconds']:.1f} s: {result}"
-        if result["error"] == "PeerLostError":
-            assert str(world - 1) in result["message"] or "peer" in result["message"], result
+        if result["error"] == "PeerLostError":  # names a rank that died (a survivor may exit first)
+            assert re.search(r"rank \d+ died|peer .* was lost", result["message"]), result
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

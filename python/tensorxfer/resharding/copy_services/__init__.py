@@ -14,6 +14,8 @@ agree on every task's byte size before any byte moves, move tasks in windows of
 task-id order and pack small tensors per peer into one message.
 """
 
+from typing import Any
+
 from tensorxfer.resharding.copy_services.base import (
     CopyService,
     RecvOp,
@@ -25,7 +27,7 @@ from tensorxfer.resharding.copy_services.factory import build_copy_service
 from tensorxfer.resharding.copy_services.local import LocalCopyService
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The MPI and torch backends import their libraries lazily.
     if name == "MpiCopyService":
         from tensorxfer.resharding.copy_services.mpi import MpiCopyService

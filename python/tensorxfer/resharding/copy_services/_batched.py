@@ -75,7 +75,7 @@ class BatchedCopyService(CopyService):
         group: Any = None,
         *,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
-        max_window_tasks: int = 16384,
+        max_window_tasks: int = 65536,
         max_window_bytes: int = 256 << 20,
         coalesce_bytes: int = 128 << 10,
     ) -> None:
@@ -252,8 +252,11 @@ class BatchedCopyService(CopyService):
 
     # ---- local copies -----------------------------------------------------------------
 
-    def _copy_local(self, pairs, sends, recvs, send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
-        fast_src, fast_dst, fast_nbytes = [], [], []
+    def _copy_local(self, pairs: List[Tuple[_LocalOp, _LocalOp]], sends: List[SendOp], recvs: List[RecvOp],
+                    send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
+        fast_src: List[int] = []
+        fast_dst: List[int] = []
+        fast_nbytes: List[int] = []
         for send, recv in pairs:
             i, j = send.index, recv.index
             if send_spans.nbytes[i] == 0:
@@ -277,8 +280,9 @@ class BatchedCopyService(CopyService):
             plan.staging[key] = buffer
         return buffer
 
-    def _execute(self, plan, send_ops, send_spans: _tensors.Spans, recv_ops, recv_spans: _tensors.Spans,
-                 deadline, timeout) -> None:
+    def _execute(self, plan: _planning.Plan, send_ops: List[SendOp], send_spans: _tensors.Spans,
+                 recv_ops: List[RecvOp], recv_spans: _tensors.Spans, deadline: Optional[float],
+                 timeout: Optional[float]) -> None:
         engine = default_copy_engine()
         # Sources as they are now (after the caller's writes): non-contiguous ones copied once.
         send_objects = [op.tensor for op in send_ops]
@@ -290,7 +294,7 @@ class BatchedCopyService(CopyService):
         # are received into contiguous staging, copied back after the last window.
         recv_targets = [op.tensor for op in recv_ops]
         recv_addresses = recv_spans.address.copy()
-        copy_back = []
+        copy_back: List[Tuple[Any, Any]] = []
         for i in np.flatnonzero(~recv_spans.contiguous):
             staged = _tensors.empty_like(recv_targets[i])
             copy_back.append((recv_targets[i], staged))
@@ -299,7 +303,9 @@ class BatchedCopyService(CopyService):
         all_host = bool(send_spans.host.all() and recv_spans.host.all())
 
         for window in plan.windows:
-            posted_recvs, posted_sends, after = [], [], []
+            posted_recvs: List[Tuple[int, int, Any, int, int]] = []
+            posted_sends: List[Tuple[int, int, Any, int, int]] = []
+            after: List[Tuple[_planning.PackedMessage, Any]] = []
             for message in window.recvs_packed:
                 if message.tag < 0:
                     continue
@@ -307,9 +313,9 @@ class BatchedCopyService(CopyService):
                 buffer = self._staging(plan, "recv", message.peer, plan.max_recv_packed[message.peer], like)
                 posted_recvs.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
                 after.append((message, buffer))
-            for message in window.recvs_single:
-                posted_recvs.append((message.peer, message.tag, recv_targets[message.local_index],
-                                     int(recv_addresses[message.local_index]), message.nbytes))
+            for single in window.recvs_single:
+                posted_recvs.append((single.peer, single.tag, recv_targets[single.local_index],
+                                     int(recv_addresses[single.local_index]), single.nbytes))
             for message in window.sends_packed:
                 if message.tag < 0:
                     continue
@@ -320,10 +326,9 @@ class BatchedCopyService(CopyService):
                 else:
                     self._pack_with_torch(buffer, [send_objects[int(i)] for i in message.local_indices])
                 posted_sends.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
-            for message in window.sends_single:
-                source = send_objects[message.local_index]
-                posted_sends.append((message.peer, message.tag, source, int(send_addresses[message.local_index]),
-                                     message.nbytes))
+            for single in window.sends_single:
+                posted_sends.append((single.peer, single.tag, send_objects[single.local_index],
+                                     int(send_addresses[single.local_index]), single.nbytes))
             requests = self._post(posted_sends, posted_recvs)
             peers = sorted({item[0] for item in posted_sends} | {item[0] for item in posted_recvs})
             self._wait(requests, deadline, timeout, "the batch's transfers", peers)

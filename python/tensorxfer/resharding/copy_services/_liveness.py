@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 
 def _boot_id() -> str:
@@ -54,9 +54,9 @@ def own_identity() -> bytes:
 class PeerWatch:
     """Answers "has rank r died?" for peers whose identities were gathered."""
 
-    def __init__(self, identities: list) -> None:
+    def __init__(self, identities: List[bytes]) -> None:
         own = own_identity().decode().split("|")
-        self._local = {}  # rank -> (pid, start time) for peers we can judge
+        self._local: Dict[int, Tuple[int, str]] = {}  # rank -> (pid, start time) for peers we can judge
         for rank, identity in enumerate(identities):
             parts = identity.decode(errors="replace").split("|")
             if len(parts) != 5 or parts[:3] != own[:3] or not own[1] or not own[2]:

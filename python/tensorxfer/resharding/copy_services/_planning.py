@@ -7,10 +7,14 @@ tables and computes the same global plan from them:
    ``task_id=None``, by (source, destination, submission index on that pair).
    Every key needs exactly one send and one receive, with the same ranks and
    the same byte size; otherwise ``TaskMismatchError`` (the same on every rank).
-2. windows: tasks in key order (task-id order) are cut into windows of at most
-   ``max_count`` tasks and about ``max_bytes`` bytes (a window closes at the
-   first task that starts past the byte bound). Windows are global, so each
-   rank's window k only waits on other ranks' window k: no cycle, no deadlock.
+2. windows: each sender's tasks, in key order (task-id order), are cut into
+   windows of at most ``max_count`` tasks and about ``max_bytes`` bytes (a
+   window closes at the first task that starts past the byte bound). A task's
+   window is computed from the gathered tables, so both of its ends put it in
+   the same window; a rank's window k then only waits on other ranks' window k:
+   no cycle, no deadlock. Every rank sends in window k at the same time (the
+   directions overlap whatever the numbering of the task ids); a rank may
+   receive up to (world - 1) windows' worth in one window.
 3. messages: in a window, a rank's tasks for one peer smaller than
    ``coalesce_bytes`` travel as one packed message; larger ones go alone.
    Per ordered pair the messages are numbered (the tag) in window order,
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -34,8 +38,7 @@ COLUMNS = 7
 _PAIR_SHIFT = 31
 
 
-def op_table(task_ids: Sequence[Optional[int]], sources: Sequence[int], destinations: Sequence[int],
-             nbytes: Sequence[int]) -> np.ndarray:
+def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any, nbytes: Any) -> np.ndarray:
     """The (n, COLUMNS) int64 table of n remote ops, LOCAL_INDEX = position in the given lists."""
     count = len(task_ids)
     table = np.zeros((count, COLUMNS), np.int64)
@@ -47,10 +50,10 @@ def op_table(task_ids: Sequence[Optional[int]], sources: Sequence[int], destinat
     table[:, LOCAL_INDEX] = np.arange(count)
     anonymous = [i for i, task_id in enumerate(task_ids) if task_id is None]
     if not anonymous:
-        table[:, KEY_A] = task_ids
+        table[:, KEY_A] = cast(Sequence[int], task_ids)
         return table
     named = [i for i, task_id in enumerate(task_ids) if task_id is not None]
-    table[named, KEY_A] = [task_ids[i] for i in named]
+    table[named, KEY_A] = [cast(int, task_ids[i]) for i in named]
     next_index: Dict[Tuple[int, int], int] = {}
     for i in anonymous:
         pair = (int(table[i, SRC]), int(table[i, DST]))
@@ -134,6 +137,7 @@ def _raise_missing(backend: str, sends: np.ndarray, recvs: np.ndarray) -> None:
     first_missing_recv = min(missing_recv) if missing_recv else None
     first_missing_send = min(missing_send) if missing_send else None
     if first_missing_send is None or (first_missing_recv is not None and first_missing_recv < first_missing_send):
+        assert first_missing_recv is not None  # the keys differ, so one side misses one
         row = send_keys[first_missing_recv]
         raise TaskMismatchError(
             f"{backend}: missing recv for {_describe_task(row)}: rank {int(row[SRC])} sends "
@@ -242,8 +246,11 @@ def build_plan(backend: str, rank: int, tables: Sequence[Tuple[np.ndarray, np.nd
     all_sends = np.concatenate([sends for sends, _ in tables]) if tables else np.zeros((0, COLUMNS), np.int64)
     all_recvs = np.concatenate([recvs for _, recvs in tables]) if tables else np.zeros((0, COLUMNS), np.int64)
     sends, recvs = match(backend, all_sends, all_recvs)
-    windows = assign_windows(sends[:, NBYTES], max_count, max_bytes)
-    num_windows = int(windows[-1]) + 1 if windows.size else 0
+    windows = np.zeros(sends.shape[0], np.int64)
+    for sender in np.unique(sends[:, SRC]):
+        rows = np.flatnonzero(sends[:, SRC] == sender)  # in key order
+        windows[rows] = assign_windows(sends[rows, NBYTES], max_count, max_bytes)
+    num_windows = int(windows.max()) + 1 if windows.size else 0
     mine_send = sends[:, SRC] == rank
     mine_recv = recvs[:, DST] == rank
     send_rows = sends[mine_send]

@@ -87,10 +87,10 @@ class LocalCopyService(CopyService):
         sends, recvs = self._take_ops()
         send_info, recv_info = self._send_info, self._recv_info
         self._send_info, self._recv_info = [], []
-        for index, op in enumerate(sends):
-            op.index = index  # type: ignore[attr-defined]
-        for index, op in enumerate(recvs):
-            op.index = index  # type: ignore[attr-defined]
+        for index, send in enumerate(sends):
+            send.index = index  # type: ignore[attr-defined]
+        for index, recv in enumerate(recvs):
+            recv.index = index  # type: ignore[attr-defined]
         pairs = match_local_ops_by_task_id(sends, recvs, self.backend_name, self._rank)
         for send, recv in pairs:
             sent, received = send_info[send.index].nbytes, recv_info[recv.index].nbytes

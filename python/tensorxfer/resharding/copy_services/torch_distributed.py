@@ -51,8 +51,7 @@ class TorchDistributedCopyService(BatchedCopyService):
         if self._rank < 0:
             raise ValueError("group: this process is not a member of the given process group")
         self._size = dist.get_world_size(self._process_group)
-        self._global_ranks = [dist.get_global_rank(self._process_group, r) if group is not None else r
-                              for r in range(self._size)]
+        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(self._size)]
         super().__init__(group, timeout=timeout, **options)
 
     @property
