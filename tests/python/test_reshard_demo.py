@@ -144,6 +144,8 @@ def test_each_available_backend_moves_and_verifies_every_byte(backend):
     assert [run["run"] for run in only["runs"]] == [1, 2]
     assert all(run["gb_per_s"] > 0 for run in only["runs"])
     assert only["processes"] == (1 if backend == "local" else 3)
+    if backend in ("mpi", "torch"):
+        assert only["plans_built"] == 1  # the second run reused the first run's plan
     assert summary["cpu_model"]
     # without --json the progress lines and the table go to stdout
     if backend == "local":
