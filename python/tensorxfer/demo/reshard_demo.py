@@ -261,7 +261,8 @@ def format_summary(summary: Dict[str, Any]) -> str:
     if first is not None:
         lines.append(f"  {first['tensors']} tensors, {first['total_bytes'] / (1 << 20):.1f} MiB, "
                      f"{first['tasks']} tasks; every received byte verified")
-    lines.append(f"  {'backend':<8}{'procs':>6}{'run 1 GB/s':>12}{'run 1 s':>10}{'repeat GB/s':>13}  verified (all runs)")
+    lines.append(f"  {'backend':<8}{'procs':>6}{'run 1 GB/s':>12}{'run 1 s':>10}{'repeat GB/s':>13}"
+                 "  verified (all runs)")
     for result in summary["backends"]:
         repeat = result["repeat_gb_per_s"]
         lines.append(f"  {result['backend']:<8}{result['processes']:>6}{result['first_run_gb_per_s']:>12.3f}"

@@ -224,7 +224,8 @@ def _judge(backend: str, ranks: _Ranks, expected_ranks: int, events: List[Dict[s
         tail = "\n".join(list(ranks.output)[-8:])
         dead = _dead_ranks(backend, ranks)
         if silent or dead or any(e["kind"] == "lost" for e in errors):
-            who = ", ".join(f"rank {r}" + (f" (pid {pids[r]})" if r in pids else "") for r in (dead or silent or missing))
+            lost = dead or silent or missing
+            who = ", ".join(f"rank {r}" + (f" (pid {pids[r]})" if r in pids else "") for r in lost)
             raise BackendFailed("lost", f"{backend}: lost {who} before it finished ({exits})"
                                 + (f"; survivors reported: {details}" if details else "")
                                 + (f"\n{tail}" if tail and not details else ""))
