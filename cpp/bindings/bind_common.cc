@@ -1,11 +1,15 @@
 // Error translation, build information and tensor views.
 #include <Python.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <memory>
 
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "tensorxfer/common/check.h"
 #include "tensorxfer/common/dlpack.h"
 #include "tensorxfer/common/error.h"
 
@@ -61,57 +65,124 @@ DLDataType dtype_from_buffer_format(const std::string& format, py::ssize_t items
                      std::to_string(itemsize) + ")");
 }
 
+// A buffer export held for as long as native code may use the memory: while
+// it is held the exporter keeps the memory where it is (a bytearray refuses to
+// resize with BufferError, an mmap refuses to close), and it holds a reference
+// to the exporter itself. Released (with the GIL) when the capsule owning it dies.
+void release_buffer_export(void* pointer) {
+  auto* buffer = static_cast<Py_buffer*>(pointer);
+  PyBuffer_Release(buffer);
+  delete buffer;
+}
+
 PyTensorView view_from_buffer(const py::handle& object, const std::string& argument) {
-  Py_buffer buffer;
+  auto buffer = std::make_unique<Py_buffer>();
   bool readonly = false;
-  if (PyObject_GetBuffer(object.ptr(), &buffer, PyBUF_RECORDS) != 0) {
+  if (PyObject_GetBuffer(object.ptr(), buffer.get(), PyBUF_RECORDS) != 0) {
     PyErr_Clear();
-    if (PyObject_GetBuffer(object.ptr(), &buffer, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+    if (PyObject_GetBuffer(object.ptr(), buffer.get(), PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
     readonly = true;
   }
+  Py_buffer* exported = buffer.get();
+  // From here the capsule owns the export: any throw below releases it.
+  py::capsule holder(buffer.release(), &release_buffer_export);
   PyTensorView result;
-  try {
-    TensorView& view = result.view;
-    view.data = buffer.buf;
-    view.readonly = readonly || buffer.readonly;
-    view.dtype = dtype_from_buffer_format(buffer.format ? buffer.format : "B", buffer.itemsize, argument);
-    for (int i = 0; i < buffer.ndim; ++i) {
-      view.shape.push_back(buffer.shape[i]);
-      if (buffer.strides[i] % buffer.itemsize != 0) {
-        throw InvalidArgument(argument + ": stride " + std::to_string(buffer.strides[i]) +
-                              " bytes is not a multiple of the item size " +
-                              std::to_string(buffer.itemsize));
-      }
-      view.strides.push_back(buffer.strides[i] / buffer.itemsize);
+  TensorView& view = result.view;
+  view.data = exported->buf;
+  view.readonly = readonly || exported->readonly;
+  view.dtype = dtype_from_buffer_format(exported->format ? exported->format : "B", exported->itemsize, argument);
+  for (int i = 0; i < exported->ndim; ++i) {
+    view.shape.push_back(exported->shape[i]);
+    if (exported->strides[i] % exported->itemsize != 0) {
+      throw InvalidArgument(argument + ": stride " + std::to_string(exported->strides[i]) +
+                            " bytes is not a multiple of the item size " +
+                            std::to_string(exported->itemsize));
     }
-  } catch (...) {
-    PyBuffer_Release(&buffer);
-    throw;
+    view.strides.push_back(exported->strides[i] / exported->itemsize);
   }
-  PyBuffer_Release(&buffer);
-  result.owner = py::reinterpret_borrow<py::object>(object);
+  require_valid_sizes(view, argument);
+  result.owner = std::move(holder);
   return result;
 }
 
+// tensorxfer/common/dlpack.h always declares the DLPack 1.0 exchange types
+// (the system header when it is that new, the project's own declaration otherwise).
+using VersionedManagedTensor = DLManagedTensorVersioned;
+constexpr uint64_t kDlpackReadOnlyFlag = DLPACK_FLAG_BITMASK_READ_ONLY;
+
+constexpr uint32_t kDlpackMajorVersion = 1;
+
+template <typename Managed>
+void delete_managed_tensor(void* pointer) {
+  auto* managed = static_cast<Managed*>(pointer);
+  if (managed->deleter != nullptr) managed->deleter(managed);
+}
+
+// Asks for the versioned protocol (DLPack >= 1.0: read-only flag); a producer
+// that does not know `max_version` gets the legacy call.
+py::object dlpack_capsule(const py::handle& object) {
+  try {
+    return object.attr("__dlpack__")(py::arg("max_version") = py::make_tuple(kDlpackMajorVersion, 0));
+  } catch (py::error_already_set& error) {
+    if (!error.matches(PyExc_TypeError)) throw;
+  }
+  return object.attr("__dlpack__")();
+}
+
 PyTensorView view_from_dlpack(const py::handle& object, const std::string& argument) {
-  py::object capsule = object.attr("__dlpack__")();
-  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  if (managed == nullptr) throw py::error_already_set();
-  const DLTensor& tensor = managed->dl_tensor;
+  py::object capsule = dlpack_capsule(object);
+  const DLTensor* tensor = nullptr;
+  bool readonly = false;
+  py::capsule holder;
+  // The consumer owns a consumed tensor: `holder` calls the producer's deleter
+  // once the view is gone, and the producer's capsule is renamed "used_..." so
+  // it does not call it too.
+  if (PyCapsule_IsValid(capsule.ptr(), "dltensor_versioned")) {
+    auto* managed = static_cast<VersionedManagedTensor*>(
+        PyCapsule_GetPointer(capsule.ptr(), "dltensor_versioned"));
+    if (managed->version.major != kDlpackMajorVersion) {
+      // Not consumed: the producer's capsule frees it.
+      throw TypeMismatch(argument + ": DLPack version " + std::to_string(managed->version.major) + "." +
+                         std::to_string(managed->version.minor) + " is not supported (expected " +
+                         std::to_string(kDlpackMajorVersion) + ".x)");
+    }
+    holder = py::capsule(managed, &delete_managed_tensor<VersionedManagedTensor>);
+    if (PyCapsule_SetName(capsule.ptr(), "used_dltensor_versioned") != 0) throw py::error_already_set();
+    tensor = &managed->dl_tensor;
+    readonly = (managed->flags & kDlpackReadOnlyFlag) != 0;
+  } else if (PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    holder = py::capsule(managed, &delete_managed_tensor<DLManagedTensor>);
+    if (PyCapsule_SetName(capsule.ptr(), "used_dltensor") != 0) throw py::error_already_set();
+    tensor = &managed->dl_tensor;
+  } else {
+    throw TypeMismatch(argument + ": __dlpack__ returned " +
+                       std::string(py::str(py::type::of(capsule).attr("__name__"))) +
+                       ", expected a capsule named 'dltensor_versioned' or 'dltensor'");
+  }
   PyTensorView result;
   TensorView& view = result.view;
-  view.data = static_cast<char*>(tensor.data) + tensor.byte_offset;
-  view.dtype = tensor.dtype;
-  view.device = tensor.device;
-  view.shape.assign(tensor.shape, tensor.shape + tensor.ndim);
-  if (tensor.strides != nullptr) {
-    view.strides.assign(tensor.strides, tensor.strides + tensor.ndim);
+  view.data = static_cast<char*>(tensor->data) + tensor->byte_offset;
+  view.readonly = readonly;
+  view.dtype = tensor->dtype;
+  view.device = tensor->device;
+  TENSORXFER_CHECK(InvalidArgument, tensor->ndim >= 0, argument, ": DLPack ndim ", tensor->ndim, " < 0");
+  view.shape.assign(tensor->shape, tensor->shape + tensor->ndim);
+  if (tensor->strides != nullptr) {
+    view.strides.assign(tensor->strides, tensor->strides + tensor->ndim);
   } else {
-    view.strides.assign(tensor.ndim, 1);
-    for (int i = tensor.ndim - 1; i > 0; --i) view.strides[i - 1] = view.strides[i] * tensor.shape[i];
+    // Compact row-major: each stride is the product of the extents after it.
+    view.strides.assign(tensor->ndim, 1);
+    for (int i = tensor->ndim - 1; i > 0; --i) {
+      TENSORXFER_CHECK(InvalidArgument,
+                       !__builtin_mul_overflow(view.strides[i], std::max<int64_t>(1, view.shape[i]),
+                                               &view.strides[i - 1]),
+                       argument, ": DLPack shape ", view.shape.size(), "-d extents overflow int64 strides");
+    }
   }
-  // The capsule's destructor calls the producer's deleter once the view is gone.
-  result.owner = py::make_tuple(py::reinterpret_borrow<py::object>(object), capsule);
+  require_valid_sizes(view, argument);
+  // Keeps the producer object alive too (some producers tie the memory to it).
+  result.owner = py::make_tuple(py::reinterpret_borrow<py::object>(object), std::move(holder));
   return result;
 }
 
@@ -144,7 +215,8 @@ void bind_common(py::module_& module) {
   module.attr("build_info") = build;
 
   py::class_<PyTensorView>(module, "TensorView",
-                           "A non-owning view of a tensor's memory that keeps its owner alive.")
+                           "A view of a tensor's memory that keeps its owner alive (and holds the "
+                           "buffer export of buffer-protocol objects, so they cannot be resized).")
       .def_property_readonly("data_ptr", [](const PyTensorView& v) {
         return reinterpret_cast<std::uintptr_t>(v.view.data);
       })

@@ -60,6 +60,8 @@ void bind_memory(py::module_& module);
 void bind_runtime(py::module_& module);
 void bind_copy(py::module_& module);
 void bind_ipc(py::module_& module);
+void bind_group(py::module_& module);
+void bind_collectives(py::module_& module);
 void bind_cuda(py::module_& module);
 void bind_resharding(py::module_& module);
 

@@ -11,6 +11,8 @@ PYBIND11_MODULE(_core, module) {
   bind_runtime(module);
   bind_copy(module);
   bind_ipc(module);
+  bind_group(module);
+  bind_collectives(module);
   bind_cuda(module);
   bind_resharding(module);
 }

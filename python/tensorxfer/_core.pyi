@@ -6,10 +6,10 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
-    A non-owning view of a tensor's memory that keeps its owner alive.
+    A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
     """
     def __repr__(self) -> str:
         ...
@@ -337,6 +337,38 @@ class SlotRing:
     @property
     def wait_stats(self) -> dict:
         ...
+class LocalGroup:
+    """
+    Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).
+    """
+    mailbox_nbytes: typing.ClassVar[int] = 65536
+    max_name_nbytes: typing.ClassVar[int] = 200
+    max_world_size: typing.ClassVar[int] = 1024
+    @staticmethod
+    def join(name: str, rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, timeout: float | None = None) -> LocalGroup:
+        ...
+    def all_gather_bytes(self, data: bytes, timeout: float | None = None) -> list:
+        ...
+    def barrier(self, timeout: float | None = None) -> None:
+        ...
+    def check_peers(self) -> None:
+        ...
+    def close(self) -> None:
+        ...
+    def rank_alive(self, rank: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
 class CudaCopySubmitter:
     """
     Native cudaMemcpyAsync host-to-device submitter for one GPU.
@@ -426,6 +458,10 @@ def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -
     """
 def prefer_local_numa_node(view: TensorView, argument: str) -> int:
     ...
+def probe_futex_across_processes() -> tuple[bool, str]:
+    """
+    (works, detail): whether a futex wake reaches a sleeper in another process (forks a child).
+    """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...
 def resident_page_count(view: TensorView, argument: str) -> int:

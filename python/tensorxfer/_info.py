@@ -157,6 +157,21 @@ def cross_memory_attach() -> dict[str, Any]:
     }
 
 
+def futexes_across_processes() -> dict[str, Any]:
+    """Whether a futex wake in one process reaches a sleeper in another (a real fork test).
+
+    Every wait between processes (slot rings, groups, collectives) sleeps on
+    such futexes; where they do not work, waits would only end by timeout.
+    """
+    try:
+        from tensorxfer import _core
+
+        works, detail = _core.probe_futex_across_processes()
+    except Exception as error:  # a probe must never break `info`
+        works, detail = False, f"probe failed: {error!r}"
+    return {"works": bool(works), "detail": str(detail)}
+
+
 def numa_nodes(path: str = NUMA_DIR) -> list[int]:
     """NUMA node ids the kernel exposes (empty when the kernel has no NUMA support)."""
     try:
@@ -207,6 +222,7 @@ def collect() -> dict[str, Any]:
         "devices": devices(),
         "shm": shared_memory_space(),
         "cross_memory_attach": cross_memory_attach(),
+        "futexes_across_processes": futexes_across_processes(),
         "numa_nodes": numa_nodes(),
         "hugepages": hugepages(),
         "memlock_limit_bytes": _memlock_limit(),
@@ -243,6 +259,8 @@ def format_text(info: dict[str, Any]) -> str:
         ("devices", devices_text),
         ("/dev/shm free", f"{_bytes(shm['free_bytes'])} of {_bytes(shm['total_bytes'])}"),
         ("cross-memory attach", f"{yes[cma['permitted']]} ({scope}; {cma['detail']})"),
+        ("futexes across processes", f"{yes[info['futexes_across_processes']['works']]} "
+                                     f"({info['futexes_across_processes']['detail']})"),
         ("numa nodes", ", ".join(map(str, info["numa_nodes"])) or "none"),
         ("hugepages", f"{huge['free']}/{huge['total']} free of {_bytes(huge['hugepage_size_bytes'])}, "
                       f"transparent={huge['transparent']}"),

@@ -3,6 +3,14 @@
 Accepted: numpy arrays and anything with the buffer protocol, torch tensors
 and anything with ``__dlpack__``.  Every check names the argument, shows its
 shape/strides/dtype/device and says what was expected.
+
+A view owns what keeps the memory valid while native code uses it: for a
+buffer-protocol object the buffer export itself (so a ``bytearray`` cannot be
+resized nor an ``mmap`` closed under a queued copy: ``BufferError``), for a
+DLPack producer the consumed tensor (its deleter runs when the view dies).
+DLPack is asked for the versioned protocol (``max_version=(1, 0)``, legacy
+capsule for producers that do not take it); a producer's read-only flag makes
+the view read-only, and a read-only view is refused wherever it would be written.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ def as_view(
     """View ``obj`` for the native core; ``name`` is the argument name used in errors.
 
     ``host`` requires host memory, ``contiguous`` a C-contiguous layout and
-    ``writable`` a writable buffer.  The returned view keeps ``obj`` alive.
+    ``writable`` a writable buffer.  The returned view keeps ``obj`` alive
+    and, for buffer-protocol objects, holds their buffer export.
     """
     if isinstance(obj, TensorView):
         view = obj

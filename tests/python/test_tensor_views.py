@@ -1,5 +1,9 @@
 """tensorxfer._tensor.as_view: the one conversion of user objects into native views."""
 
+import gc
+import mmap
+import weakref
+
 import numpy as np
 import pytest
 
@@ -16,7 +20,72 @@ def test_numpy_array_view_reports_layout():
     assert view.nbytes == 48
     assert view.device == "cpu:0"
     assert view.data_ptr == array.ctypes.data
-    assert view.owner is array
+    alive = weakref.ref(array)
+    del array
+    gc.collect()
+    assert alive() is not None, "the view keeps its array alive"
+    del view
+    gc.collect()
+    assert alive() is None
+
+
+def test_buffer_exports_are_held_while_a_view_lives():
+    # A bytearray with an export cannot resize (its memory would move under native code).
+    data = bytearray(b"abcdefgh")
+    view = as_view(data, "data")
+    with pytest.raises(BufferError):
+        data.extend(b"ij")
+    with pytest.raises(BufferError):
+        del data[:4]
+    mapped = mmap.mmap(-1, 4096)
+    mapped_view = as_view(mapped, "mapped")
+    with pytest.raises(BufferError):
+        mapped.close()
+    del view, mapped_view
+    data.extend(b"ij")  # released with the view
+    mapped.close()
+    assert data == bytearray(b"abcdefghij")
+
+
+class DlpackOnly:
+    """Exposes an object's __dlpack__ alone (no buffer protocol) and records the calls."""
+
+    def __init__(self, tensor, legacy=False):
+        self.tensor, self.legacy, self.calls = tensor, legacy, []
+
+    def __dlpack__(self, **kwargs):
+        if self.legacy and kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        self.calls.append(kwargs)
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
+def test_dlpack_asks_for_the_versioned_protocol_and_honours_read_only():
+    frozen = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frozen.flags.writeable = False
+    producer = DlpackOnly(frozen)
+    view = as_view(producer, "frozen")
+    assert producer.calls == [{"max_version": (1, 0)}]
+    assert view.readonly and view.shape == (2, 3) and view.data_ptr == frozen.ctypes.data
+    with pytest.raises(ValueError, match="dst must be writable, got a read-only"):
+        as_view(DlpackOnly(frozen), "dst", writable=True)
+    writable = np.zeros(4, np.int64)
+    assert not as_view(DlpackOnly(writable), "x").readonly
+
+
+def test_dlpack_falls_back_to_the_legacy_capsule_for_old_producers():
+    array = np.arange(5, dtype=np.int16)
+    producer = DlpackOnly(array, legacy=True)
+    view = as_view(producer, "old")
+    assert producer.calls == [{}]
+    assert not view.readonly and view.data_ptr == array.ctypes.data and view.dtype == "int16"
+    alive = weakref.ref(producer)
+    del producer
+    gc.collect()
+    assert alive() is not None, "the view keeps the producer alive"
 
 
 def test_non_contiguous_input_is_refused_with_its_layout():
@@ -56,6 +125,9 @@ def test_torch_tensors_are_viewed_through_dlpack():
     assert view.data_ptr == tensor.data_ptr()
     grad_tensor = torch.ones(4, requires_grad=True)
     assert as_view(grad_tensor, "g").data_ptr == grad_tensor.data_ptr()
+    producer = DlpackOnly(tensor)
+    assert as_view(producer, "t").data_ptr == tensor.data_ptr()
+    assert producer.calls == [{"max_version": (1, 0)}] and not as_view(producer, "t").readonly
     transposed = tensor.t()
     with pytest.raises(ValueError, match=r"tensor must be C-contiguous, got shape=\(3, 2\) strides=\(1, 3\)"):
         as_view(transposed, "tensor")

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer {
@@ -80,22 +81,20 @@ std::size_t TensorView::element_size() const {
   return (static_cast<std::size_t>(dtype.bits) * dtype.lanes + 7) / 8;
 }
 
-int64_t TensorView::numel() const {
-  int64_t count = 1;
-  for (int64_t extent : shape) count *= extent;
-  return count;
-}
+int64_t TensorView::numel() const { return checked_numel(shape, "tensor view"); }
 
 std::size_t TensorView::nbytes() const {
-  return static_cast<std::size_t>(numel()) * element_size();
+  return checked_mul(static_cast<std::size_t>(numel()), element_size(), "tensor view bytes");
 }
 
 bool TensorView::is_contiguous() const {
+  if (strides.size() != shape.size()) return false;
   int64_t expected = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) continue;
     if (strides[i] != expected) return false;
-    expected *= shape[i];
+    // A product past INT64_MAX describes no real tensor: not contiguous.
+    if (__builtin_mul_overflow(expected, shape[i], &expected)) return false;
   }
   return true;
 }
@@ -126,6 +125,18 @@ TensorView TensorView::bytes(void* data, std::size_t nbytes, DLDevice device) {
   view.shape = {static_cast<int64_t>(nbytes)};
   view.strides = {1};
   return view;
+}
+
+void require_valid_sizes(const TensorView& view, const std::string& argument) {
+  if (view.strides.size() != view.shape.size()) {
+    throw InvalidArgument(argument + ": " + std::to_string(view.shape.size()) + " extents but " +
+                          std::to_string(view.strides.size()) + " strides");
+  }
+  const int64_t count = checked_numel(view.shape, argument.c_str());
+  TENSORXFER_CHECK(InvalidArgument, view.element_size() > 0, argument, ": element size 0 (",
+                   dtype_name(view.dtype), ")");
+  checked_mul(static_cast<std::size_t>(count), view.element_size(),
+              (argument + ": numel * itemsize").c_str());
 }
 
 void require_contiguous(const TensorView& view, const char* argument) {

@@ -83,18 +83,14 @@ void run_ranges(Job& job) noexcept {
 }  // namespace
 
 struct CopyEngine::State {
-  explicit State(std::chrono::microseconds spin_time) : spin(spin_time) {}
-
-  // Returns once `generation` differs from `seen` (and updates it), polling
-  // for `spin` first when `spin_first`.
-  void wait_for_new_generation(uint64_t& seen, bool spin_first);
+  // Sleeps until `generation` differs from `seen`, then updates `seen`.
+  void wait_for_new_generation(uint64_t& seen);
   // Under `mutex`: enters the current job if it has room.
   [[nodiscard]] Job* try_join();
   void leave(Job& job) noexcept;
   void worker_loop();
   void stop_and_join() noexcept;
 
-  const std::chrono::microseconds spin;
   std::vector<std::thread> workers;
   std::mutex submit_mutex;  // one job at a time
   std::mutex mutex;         // guards job, stopping, sleepers
@@ -103,33 +99,13 @@ struct CopyEngine::State {
   Job* job = nullptr;
   bool stopping = false;
   std::size_t sleepers = 0;
-  // Workers polling for the next job; relaxed: only a hint for how many
-  // sleepers a new job must wake; a stale value costs one spurious wake-up.
-  std::atomic<std::size_t> spinning{0};
-  // Bumped (under `mutex`) for each new job and at shutdown; release so a
-  // worker that polls it with acquire and then locks sees what it announces.
+  // Bumped (under `mutex`) for each new job and at shutdown. Read under
+  // `mutex` by the workers; atomic so the relaxed reads in the wait predicate
+  // need no further reasoning.
   std::atomic<uint64_t> generation{0};
 };
 
-void CopyEngine::State::wait_for_new_generation(uint64_t& seen, bool spin_first) {
-  if (spin_first && spin.count() > 0) {
-    spinning.fetch_add(1, std::memory_order_relaxed);
-    const auto spin_until = Clock::now() + spin;
-    bool changed = false;
-    for (unsigned polls = 0;; ++polls) {
-      if (generation.load(std::memory_order_acquire) != seen) {
-        changed = true;
-        break;
-      }
-      if ((polls & 63) == 63 && Clock::now() > spin_until) break;
-      sync::cpu_relax();
-    }
-    spinning.fetch_sub(1, std::memory_order_relaxed);
-    if (changed) {
-      seen = generation.load(std::memory_order_acquire);
-      return;
-    }
-  }
+void CopyEngine::State::wait_for_new_generation(uint64_t& seen) {
   std::unique_lock<std::mutex> lock(mutex);
   ++sleepers;
   wake_workers.wait(lock, [&] { return generation.load(std::memory_order_relaxed) != seen; });
@@ -154,24 +130,19 @@ void CopyEngine::State::leave(Job& finished) noexcept {
 void CopyEngine::State::worker_loop() {
   RunningEngineScope scope(this);
   uint64_t seen = 0;
-  bool spin_first = false;  // nothing to expect right after start
   for (;;) {
-    wait_for_new_generation(seen, spin_first);
+    // Idle workers sleep: several engines (one per collector process) polling
+    // between jobs would take CPU from whoever shares the machine.
+    wait_for_new_generation(seen);
     Job* joined = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) return;
       joined = try_join();
     }
-    if (joined == nullptr) {
-      // The job is full or over: sleep until the next one rather than spin
-      // on a core the job's threads are using.
-      spin_first = false;
-      continue;
-    }
+    if (joined == nullptr) continue;  // the job is full or over: sleep until the next one
     run_ranges(*joined);
     leave(*joined);
-    spin_first = true;
   }
 }
 
@@ -209,11 +180,14 @@ CopyEngine::CopyEngine(std::size_t num_threads) : CopyEngine(CopyEngineOptions{n
 CopyEngine::CopyEngine(const CopyEngineOptions& options)
     : options_(options),
       owner_pid_(::getpid()),
-      state_(std::make_unique<State>(options.spin)) {
-  num_threads_ = options.num_threads == 0 ? hardware_threads() : options.num_threads;
-  max_parallelism_ = options.max_parallelism == 0 ? std::max<std::size_t>(2, hardware_threads())
-                                                  : options.max_parallelism;
-  max_parallelism_ = std::min(max_parallelism_, num_threads_ + 1);
+      state_(std::make_unique<State>()) {
+  const std::size_t default_parallelism =
+      std::clamp<std::size_t>(hardware_threads(), 2, kMaxDefaultParallelism);
+  max_parallelism_ = options.max_parallelism == 0 ? default_parallelism : options.max_parallelism;
+  // The caller works on every job too: by default one worker fewer than the
+  // threads a job may use.
+  num_threads_ = options.num_threads == 0 ? max_parallelism_ - 1 : options.num_threads;
+  max_parallelism_ = std::max<std::size_t>(1, std::min(max_parallelism_, num_threads_ + 1));
   state_->workers.reserve(num_threads_);
   try {
     for (std::size_t i = 0; i < num_threads_; ++i) {
@@ -283,18 +257,16 @@ void CopyEngine::parallel_for(std::size_t count, std::size_t grain, const RangeF
     std::lock_guard<std::mutex> lock(state.mutex);
     state.job = &job;
     state.generation.fetch_add(1, std::memory_order_release);
-    // Spinning workers notice the new generation by themselves; wake sleepers
-    // only for the places they cannot fill.
+    // Wake only as many sleepers as the job has places for.
     const std::size_t wanted = job.max_participants - 1;
-    const std::size_t spinning = state.spinning.load(std::memory_order_relaxed);
-    for (std::size_t i = spinning; i < wanted && i - spinning < state.sleepers; ++i) {
-      state.wake_workers.notify_one();
-    }
+    for (std::size_t i = 0; i < wanted && i < state.sleepers; ++i) state.wake_workers.notify_one();
   }
   {
     RunningEngineScope scope(&state);
     run_ranges(job);
   }
+  // The job is in flight until the workers finish their last ranges: poll
+  // briefly (they are usually microseconds from done), then sleep.
   const auto spin_until = Clock::now() + options_.spin;
   for (unsigned polls = 0; job.active_workers.load(std::memory_order_acquire) != 0; ++polls) {
     if ((polls & 63) == 63 && Clock::now() > spin_until) break;

@@ -1,6 +1,9 @@
 #include "copy_kernels.h"
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <initializer_list>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -8,6 +11,17 @@
 #endif
 
 namespace tensorxfer::copy::detail {
+
+std::size_t last_level_cache_bytes() noexcept {
+  static const std::size_t bytes = [] {
+    for (const int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+      const long size = ::sysconf(name);
+      if (size > 0) return static_cast<std::size_t>(size);
+    }
+    return std::size_t{0};
+  }();
+  return bytes;
+}
 
 #if TENSORXFER_X86_64
 namespace {

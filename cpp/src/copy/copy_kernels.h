@@ -17,6 +17,10 @@ void streaming_copy(void* dst, const void* src, std::size_t nbytes) noexcept;
 // Orders all earlier streaming stores of this thread before its later stores.
 void streaming_fence() noexcept;
 
+// Bytes of the last-level cache this CPU shares (sysconf L3, else L2), 0 if
+// unknown. Read once.
+std::size_t last_level_cache_bytes() noexcept;
+
 // Hints the CPU to start loading [address, address + nbytes) into the caches.
 void prefetch_bytes(const void* address, std::size_t nbytes) noexcept;
 

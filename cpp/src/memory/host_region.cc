@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/tensor_view.h"
 #include "tensorxfer/memory/advice.h"
@@ -19,10 +20,6 @@
 
 namespace tensorxfer::memory {
 namespace {
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 std::size_t read_huge_page_size() {
   std::ifstream meminfo("/proc/meminfo");
@@ -54,7 +51,8 @@ void* map_anonymous(std::size_t bytes, int extra_flags) {
 // Maps `bytes` (a multiple of `alignment`) at an `alignment`-aligned address by
 // over-mapping and trimming both ends, so THP can back it from the first byte.
 void* map_aligned(std::size_t bytes, std::size_t alignment) {
-  auto* raw = static_cast<char*>(map_anonymous(bytes + alignment, 0));
+  auto* raw = static_cast<char*>(
+      map_anonymous(checked_add(bytes, alignment, "host region with alignment slack"), 0));
   if (raw == nullptr) return nullptr;
   const auto address = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (address + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
@@ -87,9 +85,11 @@ std::size_t huge_page_size() noexcept {
   return size;
 }
 
-std::size_t HostRegion::mapped_size_for(std::size_t bytes, const HostRegionOptions& options) noexcept {
-  if (options.huge_pages && bytes >= huge_page_size()) return round_up(bytes, huge_page_size());
-  return round_up(bytes == 0 ? 1 : bytes, page_size());
+std::size_t HostRegion::mapped_size_for(std::size_t bytes, const HostRegionOptions& options) {
+  if (options.huge_pages && bytes >= huge_page_size()) {
+    return checked_round_up(bytes, huge_page_size(), "host region bytes (to whole huge pages)");
+  }
+  return checked_round_up(bytes == 0 ? 1 : bytes, page_size(), "host region bytes (to whole pages)");
 }
 
 HostRegion HostRegion::map(std::size_t bytes, const HostRegionOptions& options) {

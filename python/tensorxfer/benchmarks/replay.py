@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from tensorxfer.benchmarks import handoff
-from tensorxfer.benchmarks.report import Report, percentile, time_interleaved
+from tensorxfer.benchmarks.report import Report, machine_info, percentile, time_interleaved
 
 FULL = {"store_bytes": 512 << 20, "row_bytes": 4096, "pack_rows": 4096, "copy_bytes": 64 << 20,
         "repeats": 15, "latency_batches": 2000, "latency_warmup": 100, "interval_s": 0.0005,
@@ -77,9 +77,11 @@ def bench_pack(report: Report, sizes: dict) -> None:
     for name, seconds in samples.items():
         report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
         report.add(case, name, "bandwidth", [moved / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
-    report.compare(case, "time", "tensorxfer.pack_rows", "numpy.take(out=)", target=1.5)
+    report.compare(case, "time", "tensorxfer.pack_rows", "numpy.take(out=)", target=3.0)
     if torch is not None:
         report.compare(case, "time", "tensorxfer.pack_rows", "torch.index_select(out=)", target=1.0)
+        report.note("pack: torch's OpenMP workers keep polling for a while after each call (unless "
+                    "OMP_WAIT_POLICY=passive), taking CPU from the variant timed next when there are few cores")
 
 
 def bench_copy(report: Report, sizes: dict) -> None:
@@ -191,7 +193,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             print(f"--rounds must be >= 1, got {args.rounds}", file=sys.stderr)
             return 2
         sizes["handoff_rounds"] = args.rounds
-    report = Report("tensorxfer replay benchmark" + (" (quick)" if args.quick else ""),
+    machine = machine_info()
+    title = f"tensorxfer replay benchmark on {machine['cpu_model']} ({machine['cpus']} CPUs)"
+    report = Report(title + (" (quick)" if args.quick else ""),
                     config={"quick": args.quick, "cases": cases, **sizes})
     runners = {"pack": bench_pack, "copy": bench_copy, "handoff": bench_handoff}
     for case in cases:

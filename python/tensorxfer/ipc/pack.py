@@ -205,8 +205,9 @@ def default_copy_engine() -> _core.CopyEngine:
     """The ``CopyEngine`` that ``pack_rows`` uses when ``engine`` is None.
 
     Created on first use, one per process (a forked child makes its own), with
-    one worker per hardware thread. The native core itself keeps no global
-    engine; this one lives in this module.
+    the engine's defaults: jobs use up to one thread per core (at most 8, the
+    caller included), and the workers sleep between jobs. The native core
+    itself keeps no global engine; this one lives in this module.
     """
     global _default_engine
     engine = _default_engine

@@ -1,4 +1,4 @@
-"""Host runtime: streams, events and the multi-threaded copy engine.
+"""Host runtime: streams, events, the multi-threaded copy engine and local groups.
 
 * :class:`HostStream` -- a worker thread running a FIFO of copies, event
   records and event waits with CUDA-stream semantics (``enqueue_copy`` returns
@@ -10,14 +10,26 @@
 * :class:`CopyEngine` -- worker threads that split large copies (and
   ``pack_rows``) with the calling thread; pass one to ``HostStream`` to make
   its copies multi-threaded.
+* :class:`LocalGroup` -- the ranks of one host (joined through shared memory,
+  torch.distributed or MPI): ``barrier``, ``all_gather_bytes``, liveness;
+  :class:`GroupHandle` lets spawned workers join.
 
-All three are native (``tensorxfer._core``) and release the GIL while they copy
-or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
+* :class:`IpcMemory` -- per-rank shared regions and barrier words every local
+  rank maps (``num_workers``, ``worker_id``, ``remote_data``, ``barrier_in``,
+  ``barrier_out``, ``barrier_flag``), made collectively on a group.
+* :class:`Communicator` -- all_reduce / all_gather / reduce_scatter /
+  broadcast / barrier among the ranks of one host over an IpcMemory.
+
+All are native (``tensorxfer._core``) and release the GIL while they copy,
+reduce or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
 seconds, ``0`` to check once, ``None`` (the default) for no deadline; Ctrl-C
 interrupts any wait with ``KeyboardInterrupt`` (the stream and event stay
-usable).
+usable; a group or communicator does not: its ranks are out of step).
 """
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
+from tensorxfer.runtime.collectives import Communicator
+from tensorxfer.runtime.group import GroupHandle, LocalGroup
+from tensorxfer.runtime.ipc_memory import IpcMemory
 
-__all__ = ["CopyEngine", "HostEvent", "HostStream"]
+__all__ = ["CopyEngine", "Communicator", "GroupHandle", "HostEvent", "HostStream", "IpcMemory", "LocalGroup"]

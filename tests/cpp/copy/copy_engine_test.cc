@@ -2,14 +2,17 @@
 
 #include <gtest/gtest.h>
 
-#include "support/process.h"
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -17,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/process.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::copy {
@@ -81,10 +85,11 @@ TEST(CopyEngineTest, HugeCopyIsExact) {
 
 TEST(CopyEngineTest, DefaultsFollowTheHardware) {
   CopyEngine engine;
-  EXPECT_GE(engine.num_threads(), 1u);
-  EXPECT_EQ(engine.num_threads(), std::max(1u, std::thread::hardware_concurrency()));
-  EXPECT_GE(engine.max_parallelism(), 2u);
-  EXPECT_LE(engine.max_parallelism(), engine.num_threads() + 1);
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  EXPECT_EQ(engine.max_parallelism(), std::clamp<std::size_t>(cores, 2, kMaxDefaultParallelism));
+  // The caller is one of the threads of every job: one worker fewer.
+  EXPECT_EQ(engine.num_threads(), engine.max_parallelism() - 1);
+  EXPECT_LE(engine.num_threads(), kMaxDefaultParallelism - 1) << "bounded however many cores there are";
 }
 
 TEST(CopyEngineTest, ParallelForVisitsEveryIndexOnce) {
@@ -219,6 +224,61 @@ TEST(CopyEngineTest, SleepingWorkersWakeForNewJobs) {
     });
     EXPECT_TRUE(worker_ran.load()) << "round " << round;
   }
+}
+
+// CPU time (ns) every thread of this process but the calling one has used so
+// far, from each thread's CPU clock (Linux: clock id ~tid << 3 | CPUCLOCK_SCHED
+// | CPUCLOCK_PERTHREAD, what pthread_getcpuclockid returns).
+int64_t other_threads_cpu_ns() {
+  const pid_t self = static_cast<pid_t>(::syscall(SYS_gettid));
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return -1;
+  int64_t total = 0;
+  while (const dirent* entry = ::readdir(tasks)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(entry->d_name));
+    if (tid <= 0 || tid == self) continue;
+    const clockid_t clock = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+    timespec used{};
+    if (::clock_gettime(clock, &used) == 0) total += int64_t{used.tv_sec} * 1000000000 + used.tv_nsec;
+  }
+  ::closedir(tasks);
+  return total;
+}
+
+TEST(CopyEngineTest, IdleWorkersUseNoCpuBetweenJobs) {
+  // N collector processes each own an engine: workers that poll after a job
+  // would take CPU from the learner on the same machine. Defaults as users get them.
+  CopyEngine engine;
+  ASSERT_GE(other_threads_cpu_ns(), 0);
+  const auto caller = std::this_thread::get_id();
+  constexpr int kRounds = 20;
+  int64_t idle_ns = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    // A job every worker takes part in: the caller's ranges wait for them.
+    std::atomic<std::size_t> worker_ranges{0};
+    engine.parallel_for(2 * engine.max_parallelism(), 1, [&](std::size_t, std::size_t) {
+      if (std::this_thread::get_id() != caller) {
+        worker_ranges++;
+        return;
+      }
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (worker_ranges.load() == 0 && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(50us);
+      }
+    });
+    ASSERT_GT(worker_ranges.load(), 0u) << "round " << round;
+    const int64_t before = other_threads_cpu_ns();
+    std::this_thread::sleep_for(10ms);
+    idle_ns += other_threads_cpu_ns() - before;
+  }
+  // A worker going back to sleep costs microseconds; polling for 200 us after
+  // each job costs 200 us per round per worker.
+  std::fprintf(stderr, "idle worker CPU: %lld us over %d rounds\n", static_cast<long long>(idle_ns / 1000), kRounds);
+  EXPECT_LT(idle_ns, int64_t{kRounds} * 20000)
+      << "worker threads used " << idle_ns / 1000 << " us of CPU in " << kRounds << " idle gaps of 10 ms";
+  const int64_t before = other_threads_cpu_ns();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_LT(other_threads_cpu_ns() - before, 200000) << "CPU used by idle workers in 200 ms";
 }
 
 TEST(RequireCopyableTest, RefusesMismatchedViewsNamingThem) {

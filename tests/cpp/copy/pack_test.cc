@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "support/process.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
 
@@ -101,6 +104,31 @@ TEST(PackLayoutTest, EmptyRowsAndZeroRows) {
   EXPECT_EQ(empty_field.fields()[0].row_nbytes, 0u);
   EXPECT_EQ(empty_field.fields()[1].offset, 0u);
   EXPECT_EQ(empty_field.nbytes(), 64u);
+}
+
+TEST(PackLayoutTest, SizesThatOverflowAreRefusedNotWrapped) {
+  // row bytes = 2^62 * 4 overflows size_t.
+  EXPECT_THROW(PackLayout({{"x", kFloat32, {int64_t{1} << 62}}}, 1), InvalidArgument);
+  // A product of extents past INT64_MAX.
+  EXPECT_THROW(PackLayout({{"x", kUInt8, {int64_t{1} << 32, int64_t{1} << 32}}}, 1), InvalidArgument);
+  // row bytes * rows: 4 * (2^63 - 1).
+  try {
+    PackLayout({{"x", kFloat32, {}}}, INT64_MAX);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("field 'x' row bytes * rows"), std::string::npos) << error.what();
+  }
+  // Each field fits, but the second one's end offset does not.
+  const int64_t half = int64_t{1} << 62;
+  EXPECT_THROW(PackLayout({{"a", kUInt8, {}}, {"b", kUInt8, {}}, {"c", kUInt8, {}}, {"d", kUInt8, {}}}, half),
+               InvalidArgument);
+  // 2 * (2^63 - 1) = SIZE_MAX - 1 bytes fit; rounding them up to 64 does not.
+  try {
+    PackLayout({{"x", kUInt8, {2}}}, INT64_MAX);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("total bytes"), std::string::npos) << error.what();
+  }
 }
 
 TEST(PackLayoutTest, RefusesBadSpecs) {
@@ -289,6 +317,90 @@ TEST_F(PackErrorsTest, DstOverlappingASourceIsRefused) {
     EXPECT_NE(std::string(error.what()).find("dst overlaps sources['obs']"), std::string::npos) << error.what();
   }
   EXPECT_TRUE(before == obs_.bytes);
+}
+
+TEST_F(PackErrorsTest, IndicesOverlappingDstAreRefused) {
+  // The indices live inside the destination buffer, so the pack would
+  // overwrite the very indices it reads.
+  auto* inside = reinterpret_cast<int64_t*>(buffer_.data() + layout_.nbytes() - 3 * sizeof(int64_t));
+  std::copy(indices_.begin(), indices_.end(), inside);
+  TensorView aliased = index_view(indices_);
+  aliased.data = inside;
+  const std::vector<uint8_t> before = buffer_;
+  try {
+    pack_rows(dst(), layout_, sources(), aliased, &engine_);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("indices overlap dst"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(before == buffer_) << "nothing may be written";
+}
+
+// Another thread flips one index between a valid row and one far outside the
+// source (unmapped memory) while the pack runs. pack_rows must read the
+// indices once: each call either refuses the bad value or packs valid rows;
+// reading the index again after checking it faults (the child dies).
+TEST(PackRaceTest, IndicesChangedDuringThePackAreNeverUsedUnchecked) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the race on the caller's indices is what this test makes; TSan reports it by design";
+#endif
+  const pid_t child = testing::fork_child([]() -> int {
+    constexpr int64_t kSourceRows = 64;
+    constexpr int64_t kRowFloats = 1024;  // 4 KiB rows
+    constexpr int64_t kBatch = 2048;
+    std::vector<float> store(kSourceRows * kRowFloats);
+    for (int64_t r = 0; r < kSourceRows; ++r) {
+      std::fill(store.begin() + r * kRowFloats, store.begin() + (r + 1) * kRowFloats, float(r));
+    }
+    TensorView source;
+    source.data = store.data();
+    source.dtype = kFloat32;
+    source.shape = {kSourceRows, kRowFloats};
+    source.strides = {kRowFloats, 1};
+    PackLayout layout({{"x", kFloat32, {kRowFloats}}}, kBatch);
+    std::vector<uint8_t> out(layout.nbytes());
+    std::vector<int64_t> indices(kBatch);
+    for (int64_t i = 0; i < kBatch; ++i) indices[i] = i % kSourceRows;
+    int64_t* flipped = &indices[kBatch - 1];  // read last by the gather: long after the check
+    const int64_t good = *flipped;
+    const int64_t bad = int64_t{1} << 36;  // 2^48 bytes past the store: unmapped
+    std::atomic<bool> stop{false};
+    std::thread flipper([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        __atomic_store_n(flipped, bad, __ATOMIC_RELAXED);
+        for (int spin = 0; spin < 200; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+        __atomic_store_n(flipped, good, __ATOMIC_RELAXED);
+        for (int spin = 0; spin < 200; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+      }
+    });
+    CopyEngine engine(1);
+    int refused = 0, packed = 0;
+    for (int call = 0; call < 400; ++call) {
+      try {
+        pack_rows(TensorView::bytes(out.data(), out.size()), layout, {{"x", source}},
+                  index_view(indices), &engine);
+      } catch (const InvalidArgument&) {
+        ++refused;
+        continue;
+      }
+      ++packed;
+      const auto* rows = reinterpret_cast<const float*>(out.data());
+      for (int64_t i = 0; i < kBatch; ++i) {
+        if (rows[i * kRowFloats] != float(i % kSourceRows) ||
+            rows[i * kRowFloats + kRowFloats - 1] != float(i % kSourceRows)) {
+          stop = true;
+          flipper.join();
+          return 3;  // a row that is not the checked one
+        }
+      }
+    }
+    stop = true;
+    flipper.join();
+    std::fprintf(stderr, "refused %d, packed %d\n", refused, packed);
+    return refused > 0 && packed > 0 ? 0 : 4;
+  });
+  EXPECT_EQ(testing::wait_exit_code(child), 0)
+      << "0: every call refused or packed checked rows; 3: a wrong row; 128+11: read an unchecked index";
 }
 
 }  // namespace

@@ -48,6 +48,18 @@ TEST(HostRegionTest, MappedSizeRoundsToPagesOrHugePages) {
   EXPECT_EQ(HostRegion::mapped_size_for(huge_page_size() + 1, huge), 2 * huge_page_size());
 }
 
+TEST(HostRegionTest, SizesNearSizeMaxAreRefusedNotWrapped) {
+  HostRegionOptions plain;
+  HostRegionOptions huge;
+  huge.huge_pages = true;
+  EXPECT_THROW(HostRegion::mapped_size_for(SIZE_MAX - 1, plain), InvalidArgument);
+  EXPECT_THROW(HostRegion::mapped_size_for(SIZE_MAX - 1, huge), InvalidArgument);
+  EXPECT_THROW(HostRegion::mapped_size_for(SIZE_MAX - huge_page_size() + 2, huge), InvalidArgument);
+  auto pool = HostPool::create(HostPoolOptions{huge});
+  EXPECT_THROW(pool->allocate(SIZE_MAX - 1), InvalidArgument);
+  EXPECT_EQ(pool->stats().live_blocks, 0u);
+}
+
 TEST(HostPoolTest, BlocksArePageAlignedZeroedAndSized) {
   auto pool = HostPool::create({});
   HostBlock block = pool->allocate(10000);

@@ -58,6 +58,15 @@ def test_copy_of_numpy_and_bad_inputs():
             pool.allocate_block(1.5)
 
 
+@pytest.mark.parametrize("huge_pages", [False, True])
+def test_sizes_near_size_max_are_refused_not_wrapped(huge_pages):
+    # Rounding 2**64 - 2 bytes up to whole (huge) pages does not fit in size_t.
+    with um.create_host_mempool(huge_pages=huge_pages) as pool:
+        with pytest.raises(ValueError, match="overflows"):
+            pool.allocate_block(2**64 - 2)
+        assert pool.allocate_block(10).huge_pages in ("none", "transparent", "hugetlb")
+
+
 def test_released_memory_is_reused_then_unmapped_when_pool_and_arrays_are_gone():
     pool = um.create_host_mempool()
     first = pool.empty(4 * PAGE, np.uint8)

@@ -64,6 +64,11 @@ def test_layout_accepts_numpy_and_torch_dtypes_and_int_shapes():
         ({"a": ("float32", "x")}, 4, TypeError, "field 'a': expected a row shape"),
         ({"a": ("float32", (2.5,))}, 4, TypeError, "field 'a': expected a row shape"),
         ({"a": ("float32", ())}, 4.5, TypeError, "rows: expected an integer"),
+        # Sizes that would wrap: 2**62 elements x 4 bytes, 4 x (2**63 - 1) bytes, > 2**63 elements.
+        ({"a": ("float32", (2**62,))}, 1, ValueError, r"field 'a' row bytes: .* overflows"),
+        ({"a": ("float32", ())}, 2**63 - 1, ValueError, r"field 'a' row bytes \* rows: .* overflows"),
+        ({"a": ("uint8", (2**32, 2**32))}, 1, ValueError, "field 'a' row shape: the shape has more than"),
+        ({"a": ("uint8", (2,))}, 2**63 - 1, ValueError, "total bytes: .* overflows"),
     ],
 )
 def test_layout_refuses_bad_specs(fields, rows, error, match):
@@ -169,6 +174,50 @@ def test_bad_inputs_are_refused_naming_the_field():
     with pytest.raises(TypeError, match="engine"):
         pack_rows(dst, layout, store, [0, 1], engine="fast")
     assert not dst.any()
+
+
+def test_indices_or_sources_overlapping_dst_are_refused():
+    store = make_store(20)
+    layout = PackLayout(FIELDS, rows=2)
+    dst = np.zeros(layout.nbytes, np.uint8)
+    # The indices live in the bytes the pack would overwrite.
+    inside = dst[layout.offsets["reward"] : layout.offsets["reward"] + 16].view(np.int64)
+    inside[:] = [3, 4]
+    with pytest.raises(ValueError, match="indices overlap dst"):
+        pack_rows(dst, layout, store, inside)
+    assert list(inside) == [3, 4] and not dst[: layout.offsets["reward"]].any()
+    aliased = np.zeros(layout.nbytes, np.uint8)
+    with pytest.raises(ValueError, match=r"dst overlaps sources\['reward'\]"):
+        pack_rows(aliased, layout, {**store, "reward": aliased[:80].view(np.float32)}, [0, 1])
+
+
+class _DlpackOnly:
+    """Exposes an array through __dlpack__ alone (no buffer protocol)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_read_only_dlpack_producer_is_never_written():
+    store = make_store(20)
+    layout = PackLayout(FIELDS, rows=2)
+    frozen = np.zeros(layout.nbytes, np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="dst must be writable, got a read-only"):
+        pack_rows(_DlpackOnly(frozen), layout, store, [0, 1])
+    assert not frozen.any()
+    # A read-only source is fine: it is only read.
+    reward = store["reward"].copy()
+    reward.flags.writeable = False
+    dst = np.zeros(layout.nbytes, np.uint8)
+    pack_rows(dst, layout, {**store, "reward": _DlpackOnly(reward)}, [4, 2])
+    np.testing.assert_array_equal(layout.unpack(dst)["reward"], reward[[4, 2]])
 
 
 def test_torch_sources_indices_and_dst():

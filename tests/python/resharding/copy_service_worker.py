@@ -94,6 +94,11 @@ def failure(service, out_dir: str, mode: str) -> None:
         result = {"error": None, "message": "run() returned", "seconds": time.monotonic() - start}
     except Exception as error:
         result = {"error": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+        try:
+            service.run()
+            result["again"] = "run() returned"
+        except Exception as again:
+            result["again"] = f"{type(again).__name__}: {again}"
     write(out_dir, rank, result)
     time.sleep(1.0)  # let the other survivors see the killed rank before this one exits too
     os._exit(0)  # the group is broken: skip MPI_Finalize / gloo teardown

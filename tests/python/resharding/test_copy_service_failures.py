@@ -41,6 +41,7 @@ def survivors(backend: str, world: int, mode: str, tmp_path) -> list:
 def test_killed_peer_is_reported_within_the_timeout(backend, world, tmp_path):
     for rank, result in enumerate(survivors(backend, world, "kill", tmp_path)):
         assert result["error"] in ("PeerLostError", "TimeoutError"), f"rank {rank}: {result}"
+        assert result["again"].startswith("RuntimeError:") and "an earlier run failed" in result["again"], result
         assert result["seconds"] < FAILURE_TIMEOUT + 2.0, f"rank {rank} took {result['seconds']:.1f} s: {result}"
         if result["error"] == "PeerLostError":  # names a rank that died (a survivor may exit first)
             assert re.search(r"rank \d+ died|peer .* was lost", result["message"]), result

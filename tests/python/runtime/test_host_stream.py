@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import mmap
+import os
 import threading
 import time
 import weakref
@@ -102,6 +104,78 @@ def test_stream_keeps_enqueued_tensors_alive_until_done():
     assert src_alive() is None and dst_alive() is None
     assert stream._pending_owners == 0
     np.testing.assert_array_equal(out, expected)
+
+
+def _busy_stream():
+    """A stream whose next task waits behind 8 copies of 256 MiB (~0.1-1 s) on another stream."""
+    blocker_stream, stream, ready = HostStream(None), HostStream(None), HostEvent()
+    blocker_src, blocker_dst = big_pair(4 * BIG)
+    for _ in range(8):
+        blocker_stream.enqueue_copy(blocker_dst, blocker_src)
+    blocker_stream.record(ready)
+    stream.wait_event(ready)
+    return blocker_stream, stream, (blocker_src, blocker_dst)
+
+
+def test_queued_copy_holds_the_buffer_export_of_its_tensors():
+    blocker_stream, stream, _keep = _busy_stream()
+    expected = bytes(range(256)) * 64
+    src = bytearray(expected)
+    dst = bytearray(len(expected))
+    mapped = mmap.mmap(-1, len(expected))
+    stream.enqueue_copy(dst, src)
+    stream.enqueue_copy(mapped, src)
+    # Until the stream has reported the copies done, their memory must not move.
+    with pytest.raises(BufferError):
+        src.extend(b"more")
+    with pytest.raises(BufferError):
+        del dst[:100]
+    with pytest.raises(BufferError):
+        mapped.close()
+    stream.synchronize(timeout=60)
+    assert bytes(dst) == expected and mapped[:] == expected
+    src.extend(b"more")  # released once done
+    mapped.close()
+    blocker_stream.close()
+    stream.close()
+
+
+def test_dropping_the_last_reference_to_a_queued_buffer_is_safe():
+    blocker_stream, stream, _keep = _busy_stream()
+    expected = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    dst = np.zeros(len(expected), np.uint8)
+    src = bytearray(expected)
+    out = bytearray(len(expected))
+    stream.enqueue_copy(dst, src)
+    stream.enqueue_copy(out, dst)
+    del src  # the stream's export is now the only thing keeping it
+    assert not stream.query(), "the copies must still be queued for this test to mean anything"
+    stream.synchronize(timeout=60)
+    assert dst.tobytes() == expected and bytes(out) == expected
+    blocker_stream.close()
+    stream.close()
+
+
+def _thread_cpu_ns(tid: int) -> int:
+    """CPU time of thread `tid` of this process (its CPU clock: ~tid << 3 | 6 on Linux)."""
+    return time.clock_gettime_ns(((~tid) << 3) | 6)
+
+
+def test_idle_engine_workers_use_no_cpu():
+    before = {int(t) for t in os.listdir("/proc/self/task")}
+    engine = CopyEngine()  # defaults, as pack_rows' default engine
+    workers = {int(t) for t in os.listdir("/proc/self/task")} - before
+    assert 1 <= len(workers) == engine.num_threads <= 7
+    src, dst = big_pair(8 << 20)
+    idle_ns = 0
+    for _ in range(20):
+        engine.copy(dst, src)
+        start = sum(_thread_cpu_ns(t) for t in workers)
+        time.sleep(0.01)
+        idle_ns += sum(_thread_cpu_ns(t) for t in workers) - start
+    np.testing.assert_array_equal(dst, src)
+    # Going back to sleep costs microseconds; polling after every job costs ~200 us each.
+    assert idle_ns < 20 * 20_000, f"idle workers used {idle_ns / 1e3:.0f} us of CPU in 20 gaps of 10 ms"
 
 
 def test_owners_are_released_by_query_and_later_enqueues():

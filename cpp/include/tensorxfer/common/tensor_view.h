@@ -28,8 +28,11 @@ struct TensorView {
 
   // Bytes of one element (dtype bits * lanes / 8).
   std::size_t element_size() const;
+  // The product of the extents; InvalidArgument for a negative extent or a
+  // product past INT64_MAX (never a wrapped count).
   int64_t numel() const;
-  // numel() * element_size(): the bytes a contiguous tensor of this shape covers.
+  // numel() * element_size(): the bytes a contiguous tensor of this shape
+  // covers; InvalidArgument when that does not fit in size_t.
   std::size_t nbytes() const;
   // C-contiguous (row-major, dense); size-1 dimensions may have any stride.
   bool is_contiguous() const;
@@ -52,6 +55,10 @@ std::string device_name(DLDevice device);
 
 // Contracts on arguments; each throws with `argument` named in the message and
 // the view described, saying what was expected.
+// Views built from outside input (DLPack, buffers) pass this first: one stride
+// per extent, extents >= 0, a non-zero element size and numel * element size
+// within size_t (InvalidArgument otherwise).
+void require_valid_sizes(const TensorView& view, const std::string& argument);
 void require_contiguous(const TensorView& view, const char* argument);  // InvalidArgument
 void require_host(const TensorView& view, const char* argument);        // InvalidArgument
 void require_writable(const TensorView& view, const char* argument);    // InvalidArgument

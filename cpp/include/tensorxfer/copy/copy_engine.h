@@ -22,12 +22,18 @@ namespace tensorxfer::copy {
 // overlap (dst == src is allowed: copying is then a no-op).
 void require_copyable(const TensorView& dst, const TensorView& src);
 
+// Threads (workers + caller) one job uses by default, however many cores the
+// machine has: a copy is bound by memory bandwidth long before this, and
+// every collector process owns an engine.
+inline constexpr std::size_t kMaxDefaultParallelism = 8;
+
 struct CopyEngineOptions {
-  // Worker threads to start; 0 = std::thread::hardware_concurrency() (at least 1).
+  // Worker threads to start; 0 = max_parallelism - 1 (the caller is the last).
   std::size_t num_threads = 0;
   // Threads (workers + caller) that work on one job at most; 0 = hardware
-  // concurrency (at least 2). More runnable copy threads than cores only adds
-  // preemption in the middle of a chunk, which delays the whole job.
+  // concurrency, at least 2 and at most kMaxDefaultParallelism. More runnable
+  // copy threads than cores only adds preemption in the middle of a chunk,
+  // which delays the whole job.
   std::size_t max_parallelism = 0;
   // copy() below this many bytes is a plain memcpy on the calling thread.
   // Measured with bench/cpp/copy_bench.cc on 2 cores: splitting 256 KiB breaks
@@ -40,8 +46,9 @@ struct CopyEngineOptions {
   // far larger than the caches, they would only evict what others use, and
   // streaming skips reading each destination line before overwriting it.
   std::size_t streaming_threshold = std::size_t{8} << 20;
-  // How long an idle worker polls for the next job before sleeping; a sleeping
-  // worker takes tens of microseconds to wake on a virtual machine.
+  // How long the caller polls for the workers to finish their last ranges
+  // before sleeping on a condition variable (only while its job is in flight).
+  // Idle workers never poll: between jobs they sleep and use no CPU.
   std::chrono::microseconds spin{200};
 };
 

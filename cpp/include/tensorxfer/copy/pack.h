@@ -37,7 +37,8 @@ class PackLayout {
   static constexpr std::size_t kAlignment = 64;
 
   // Fields are laid out in the given order. Throws InvalidArgument for no
-  // fields, an empty or repeated name, rows < 0 or a negative extent.
+  // fields, an empty or repeated name, rows < 0, a negative extent, or sizes
+  // (row bytes, row bytes * rows, offsets) that do not fit in size_t.
   PackLayout(std::vector<PackFieldSpec> fields, int64_t rows);
 
   int64_t rows() const noexcept { return rows_; }
@@ -64,7 +65,10 @@ struct PackSource {
 // host, writable, >= layout.nbytes() bytes, overlapping no source), exactly
 // one source per field (missing / extra / repeated names), each source's dtype
 // (TypeMismatch) and shape (InvalidArgument), indices (int32 or int64, 1-D,
-// contiguous host, length rows, every value in [0, N) for every source).
+// contiguous host, length rows, not overlapping dst, every value in [0, N)
+// for every source). `indices` is read exactly once, into a private copy that
+// is checked and then used, so another thread changing it meanwhile cannot
+// make pack_rows read outside a source.
 // Errors name the field. Runs on `engine`'s threads and the caller, or on the
 // caller alone when `engine` is null. Not synchronized with other writers of dst.
 void pack_rows(const TensorView& dst, const PackLayout& layout,

@@ -34,8 +34,9 @@ class HostRegion {
  public:
   // The bytes a request maps: rounded up to a whole huge page when huge pages
   // are requested and `bytes` >= one huge page, else to whole base pages
-  // (one page at least).
-  static std::size_t mapped_size_for(std::size_t bytes, const HostRegionOptions& options) noexcept;
+  // (one page at least). Throws InvalidArgument when the rounded size does not
+  // fit in size_t (a request near SIZE_MAX), never a wrapped size.
+  static std::size_t mapped_size_for(std::size_t bytes, const HostRegionOptions& options);
 
   // Maps mapped_size_for(bytes, options) bytes. Throws SystemError when no
   // mapping can be made, InvalidArgument / Unsupported from the NUMA bind.

@@ -153,8 +153,8 @@ class BatchedCopyService(CopyService):
 
         Raises TaskMismatchError (ops that do not pair up, on every rank),
         TimeoutError (a peer did not take part within the timeout) or
-        tensorxfer.PeerLostError (a peer died). After a TimeoutError or
-        PeerLostError the service cannot run again.
+        tensorxfer.PeerLostError (a peer died). After a TimeoutError,
+        PeerLostError or KeyboardInterrupt the service cannot run again.
         """
         self._check_open("run")
         if self._broken is not None:
@@ -164,7 +164,8 @@ class BatchedCopyService(CopyService):
         sends, recvs = self._take_ops()
         try:
             self._run(sends, recvs, deadline, timeout)
-        except (TimeoutError, PeerLostError) as error:
+        except (TimeoutError, PeerLostError, KeyboardInterrupt) as error:
+            # Requests may still be posted into user memory: this service cannot run again.
             self._broken = f"{type(error).__name__}: {error}"
             raise
 

@@ -1,0 +1,43 @@
+// Element types, reduction ops and the reduction loop the collectives share.
+//
+// reduce_elements combines the same elements of several sources in source
+// order (sources[0], then [1], ...), so every rank that reduces the same
+// inputs gets bitwise-identical results whatever the chunking or the
+// algorithm. Half types (bfloat16, float16) accumulate in float32 and round
+// once (round to nearest even); int32 accumulates in int64; integer sums wrap
+// (two's complement) like numpy's; integer avg is the sum divided by the
+// rank count, truncated toward zero.
+#pragma once
+
+#include "tensorxfer/common/dlpack.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tensorxfer::collectives {
+
+enum class ElementType : uint32_t { kFloat32, kFloat64, kBFloat16, kFloat16, kInt32, kInt64 };
+enum class ReduceOp : uint32_t { kSum, kAvg, kMax, kMin };
+
+// Throws TypeMismatch naming `argument` for dtypes the collectives do not reduce.
+ElementType element_type_of(DLDataType dtype, const char* argument);
+std::size_t element_size(ElementType type) noexcept;
+// "sum", "avg", "max", "min"; parse throws InvalidArgument listing the choices.
+ReduceOp parse_reduce_op(const std::string& name);
+const char* reduce_op_name(ReduceOp op) noexcept;
+
+// destination[i] = op(sources[0][i], ..., sources[source_count - 1][i]) for
+// i < count; also written to second_destination when it is not null.
+// Destinations may alias any source (the loop reduces a tile into a private
+// accumulator before it stores). `divisor` is the rank count for kAvg.
+void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, int source_count, int divisor,
+                     void* destination, void* second_destination, std::size_t count) noexcept;
+
+// Conversions (exposed for tests): round to nearest even, NaN stays NaN.
+float bfloat16_to_float(uint16_t value) noexcept;
+uint16_t float_to_bfloat16(float value) noexcept;
+float float16_to_float(uint16_t value) noexcept;
+uint16_t float_to_float16(float value) noexcept;
+
+}  // namespace tensorxfer::collectives

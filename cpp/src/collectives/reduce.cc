@@ -1,0 +1,219 @@
+// The reduction loop. Built with -O3 (CMakeLists.txt) so that the simple
+// loops over __restrict tiles below auto-vectorise; no intrinsics.
+#include "tensorxfer/collectives/reduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensorxfer/common/check.h"
+#include "tensorxfer/common/error.h"
+#include "tensorxfer/common/tensor_view.h"
+
+namespace tensorxfer::collectives {
+namespace {
+
+// Elements reduced per tile: the accumulator (<= 8 KiB) stays in L1.
+constexpr std::size_t kTile = 1024;
+
+inline uint32_t float_bits(float value) noexcept {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+inline float bits_float(uint32_t bits) noexcept {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// How each element type is loaded into, and stored from, its accumulator.
+template <typename Storage, typename Accumulator>
+struct Plain {
+  using storage = Storage;
+  using accumulator = Accumulator;
+  static Accumulator load(Storage value) noexcept { return static_cast<Accumulator>(value); }
+  static Storage store(Accumulator value) noexcept { return static_cast<Storage>(value); }
+};
+struct BFloat16 {
+  using storage = uint16_t;
+  using accumulator = float;
+  static float load(uint16_t value) noexcept { return bfloat16_to_float(value); }
+  static uint16_t store(float value) noexcept { return float_to_bfloat16(value); }
+};
+struct Float16 {
+  using storage = uint16_t;
+  using accumulator = float;
+  static float load(uint16_t value) noexcept { return float16_to_float(value); }
+  static uint16_t store(float value) noexcept { return float_to_float16(value); }
+};
+// int64 sums wrap: accumulate in uint64 (defined overflow), store back bit for bit.
+struct Int64 {
+  using storage = int64_t;
+  using accumulator = int64_t;
+  static int64_t load(int64_t value) noexcept { return value; }
+  static int64_t store(int64_t value) noexcept { return value; }
+};
+
+template <typename T>
+inline T wrapping_add(T a, T b) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename Kind>
+void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int divisor, void* destination,
+                  void* second_destination, std::size_t count) noexcept {
+  using S = typename Kind::storage;
+  using A = typename Kind::accumulator;
+  alignas(64) A accumulator[kTile];
+  for (std::size_t base = 0; base < count; base += kTile) {
+    const std::size_t n = std::min(kTile, count - base);
+    A* __restrict acc = accumulator;
+    {
+      const S* __restrict first = static_cast<const S*>(sources[0]) + base;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = Kind::load(first[i]);
+    }
+    for (int k = 1; k < source_count; ++k) {
+      const S* __restrict source = static_cast<const S*>(sources[k]) + base;
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          for (std::size_t i = 0; i < n; ++i) acc[i] = wrapping_add(acc[i], Kind::load(source[i]));
+          break;
+        case ReduceOp::kMax:
+          for (std::size_t i = 0; i < n; ++i) {
+            const A value = Kind::load(source[i]);
+            acc[i] = value > acc[i] ? value : acc[i];
+          }
+          break;
+        case ReduceOp::kMin:
+          for (std::size_t i = 0; i < n; ++i) {
+            const A value = Kind::load(source[i]);
+            acc[i] = value < acc[i] ? value : acc[i];
+          }
+          break;
+      }
+    }
+    if (op == ReduceOp::kAvg && divisor != 1) {
+      const A by = static_cast<A>(divisor);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / by;
+    }
+    S* __restrict out = static_cast<S*>(destination) + base;
+    for (std::size_t i = 0; i < n; ++i) out[i] = Kind::store(acc[i]);
+    if (second_destination != nullptr) {
+      S* __restrict second = static_cast<S*>(second_destination) + base;
+      for (std::size_t i = 0; i < n; ++i) second[i] = Kind::store(acc[i]);
+    }
+  }
+}
+
+}  // namespace
+
+float bfloat16_to_float(uint16_t value) noexcept { return bits_float(static_cast<uint32_t>(value) << 16); }
+
+uint16_t float_to_bfloat16(float value) noexcept {
+  uint32_t bits = float_bits(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float float16_to_float(uint16_t value) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
+  const uint32_t exponent = (value >> 10) & 0x1fu;
+  const uint32_t mantissa = value & 0x3ffu;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in float.
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return bits_float(float_bits(magnitude) | sign);
+  }
+  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+uint16_t float_to_float16(float value) noexcept {
+  uint32_t bits = float_bits(value);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  bits &= 0x7fffffffu;
+  if (bits >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (bits > 0x7f800000u ? 0x200u : 0u));
+  if (bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
+  if (bits < 0x38800000u) {
+    // Subnormal half (or zero): adding 0.5 lines the half's mantissa up with the
+    // float's low bits, and the float addition rounds to nearest even.
+    const float shifted = bits_float(bits) + 0.5f;
+    return static_cast<uint16_t>(sign | (float_bits(shifted) - 0x3f000000u));
+  }
+  const uint32_t odd = (bits >> 13) & 1u;
+  bits += 0xc8000fffu + odd;  // rebias the exponent (127 -> 15) and round to nearest even
+  return static_cast<uint16_t>(sign | (bits >> 13));
+}
+
+ElementType element_type_of(DLDataType dtype, const char* argument) {
+  if (dtype.lanes == 1) {
+    if (dtype.code == kDLFloat && dtype.bits == 32) return ElementType::kFloat32;
+    if (dtype.code == kDLFloat && dtype.bits == 64) return ElementType::kFloat64;
+    if (dtype.code == kDLFloat && dtype.bits == 16) return ElementType::kFloat16;
+    if (dtype.code == kDLBfloat && dtype.bits == 16) return ElementType::kBFloat16;
+    if (dtype.code == kDLInt && dtype.bits == 32) return ElementType::kInt32;
+    if (dtype.code == kDLInt && dtype.bits == 64) return ElementType::kInt64;
+  }
+  throw TypeMismatch(detail::concat(argument, ": dtype must be one of float32, float64, bfloat16, float16, int32, ",
+                                    "int64, got ", dtype_name(dtype)));
+}
+
+std::size_t element_size(ElementType type) noexcept {
+  switch (type) {
+    case ElementType::kFloat64:
+    case ElementType::kInt64: return 8;
+    case ElementType::kFloat32:
+    case ElementType::kInt32: return 4;
+    case ElementType::kBFloat16:
+    case ElementType::kFloat16: return 2;
+  }
+  return 1;
+}
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::kSum;
+  if (name == "avg") return ReduceOp::kAvg;
+  if (name == "max") return ReduceOp::kMax;
+  if (name == "min") return ReduceOp::kMin;
+  throw InvalidArgument("op must be one of 'sum', 'avg', 'max', 'min', got '" + name + "'");
+}
+
+const char* reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, int source_count, int divisor,
+                     void* destination, void* second_destination, std::size_t count) noexcept {
+  switch (type) {
+    case ElementType::kFloat32:
+      return reduce_typed<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination,
+                                               count);
+    case ElementType::kFloat64:
+      return reduce_typed<Plain<double, double>>(op, sources, source_count, divisor, destination,
+                                                 second_destination, count);
+    case ElementType::kBFloat16:
+      return reduce_typed<BFloat16>(op, sources, source_count, divisor, destination, second_destination, count);
+    case ElementType::kFloat16:
+      return reduce_typed<Float16>(op, sources, source_count, divisor, destination, second_destination, count);
+    case ElementType::kInt32:
+      return reduce_typed<Plain<int32_t, int64_t>>(op, sources, source_count, divisor, destination,
+                                                   second_destination, count);
+    case ElementType::kInt64:
+      return reduce_typed<Int64>(op, sources, source_count, divisor, destination, second_destination, count);
+  }
+}
+
+}  // namespace tensorxfer::collectives

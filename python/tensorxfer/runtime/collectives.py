@@ -1,0 +1,166 @@
+"""Collectives among the ranks of one host: all_reduce, all_gather,
+reduce_scatter, broadcast and barrier over an :class:`IpcMemory`.
+
+``Communicator(group, max_bytes=...)`` is collective (every rank of the group
+makes one, with the same sizes). Every call is collective too: all ranks make
+the same calls in the same order, with the same sizes and dtypes (a mismatch
+raises ``ValueError`` on every rank). Inputs are numpy arrays or torch
+tensors (host memory, C-contiguous). The GIL is released while a call copies,
+reduces or waits; Ctrl-C interrupts a wait.
+
+``all_reduce`` works in place for float32, float64, bfloat16, float16 (summed
+in float32), int32 and int64, ops ``sum``, ``avg``, ``max``, ``min``, with the
+``one_shot`` (every rank reads every input), ``two_shot`` (reduce-scatter,
+then all-gather) or ``auto`` algorithm. Each element is reduced in rank order,
+so every rank gets bitwise the same result whatever the algorithm or chunking.
+Messages larger than ``max_bytes`` are cut into chunks through two staging
+windows per rank. A tensor made with :meth:`Communicator.buffer` already lives
+in shared memory: it is reduced there, without copying it in.
+
+``timeout`` (seconds) bounds each call; None waits without limit but still
+notices dead ranks (``tensorxfer.PeerLostError``) and Ctrl-C. After a timeout,
+a lost rank or a mismatch the communicator is unusable: make a new one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from tensorxfer import _core
+from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory, exchange_and_map, typed_view
+
+#: Default bytes per chunk (each of the two staging windows per rank): chunks
+#: stay in L2 (bench_collectives.py, 2 ranks: 256 KiB as fast as 1 MiB or faster).
+DEFAULT_MAX_BYTES = 256 << 10
+#: The default when ranks outnumber CPUs: every barrier may cost a context
+#: switch there, so fewer, larger chunks.
+DEFAULT_MAX_BYTES_OVERSUBSCRIBED = 1 << 20
+
+
+def default_max_bytes(world_size: int) -> int:
+    """The chunk size a Communicator of ``world_size`` ranks uses when none is given."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return DEFAULT_MAX_BYTES if world_size <= cpus else DEFAULT_MAX_BYTES_OVERSUBSCRIBED
+
+
+def _checked_size(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"Communicator: {name} must be an int >= 0, got {value!r}")
+    return value
+
+
+class Communicator:
+    """Collectives for the ranks of ``group``, over shared memory of this host.
+
+    ``max_bytes``: the chunk size (two staging windows of it per rank;
+    default :func:`default_max_bytes`);
+    ``buffer_bytes``: the zero-copy buffer (:meth:`buffer`; default
+    ``max_bytes``); ``timeout``: for the construction exchange;
+    ``spin_us``: how long waits spin before they sleep (default: chosen from
+    the rank and CPU counts).
+    """
+
+    def __init__(
+        self,
+        group: GroupLike,
+        max_bytes: Optional[int] = None,
+        *,
+        buffer_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+        spin_us: Optional[float] = None,
+    ) -> None:
+        """Collective: every rank of ``group`` calls it with the same sizes."""
+        if max_bytes is None:
+            max_bytes = default_max_bytes(int(group.world_size))
+        max_bytes = _checked_size(max_bytes, "max_bytes")
+        buffer_bytes = max_bytes if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
+        if spin_us is not None and not (0 <= float(spin_us) <= 1e6):
+            raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
+        self._group = group
+        nbytes = _core.communicator_required_nbytes(max_bytes, buffer_bytes)
+        native_memory = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, "cpu")
+        exchange_and_map(native_memory, group, timeout)
+        check = getattr(group, "check_peers", None)
+        self._native = _core.Communicator(native_memory, max_bytes, buffer_bytes, check, spin_us)
+        self._memory = IpcMemory(self._native.memory)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return int(self._native.rank)
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return int(self._native.world_size)
+
+    @property
+    def max_bytes(self) -> int:
+        """Bytes per chunk (rounded up to 4 KiB)."""
+        return int(self._native.max_bytes)
+
+    @property
+    def ipc_memory(self) -> IpcMemory:
+        """The IpcMemory the collectives run over (its fields, e.g. ``barrier_flag``)."""
+        return self._memory
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return bool(self._native.closed)
+
+    def buffer(self, dtype: Any, shape: Any, rank: Optional[int] = None) -> Any:
+        """A numpy (numpy dtype) or torch (torch dtype) view of a rank's zero-copy buffer.
+
+        Fill this rank's buffer (``rank=None``) and pass the view to
+        :meth:`all_reduce`: it is reduced in place, without the copy in. Every
+        rank must use the same offset (the same call) for its tensor.
+        """
+        which = self.rank if rank is None else int(rank)
+        return typed_view(self._native.buffer_array(which), dtype, shape, "Communicator.buffer")
+
+    def all_reduce(self, tensor: Any, op: str = "sum", algorithm: str = "auto", *, timeout: Optional[float] = None) -> Any:
+        """Reduce ``tensor`` over all ranks, in place; returns ``tensor``.
+
+        ``op``: ``"sum"``, ``"avg"``, ``"max"``, ``"min"``; ``algorithm``:
+        ``"auto"``, ``"one_shot"``, ``"two_shot"``.
+        """
+        self._native.all_reduce(tensor, op, algorithm, timeout)
+        return tensor
+
+    def all_gather(self, output: Any, input: Any, *, timeout: Optional[float] = None) -> Any:
+        """``output`` (world_size times ``input``'s size, same dtype) = every rank's ``input`` in rank order."""
+        self._native.all_gather(output, input, timeout)
+        return output
+
+    def reduce_scatter(self, output: Any, input: Any, op: str = "sum", *, timeout: Optional[float] = None) -> Any:
+        """``output`` = this rank's block (``input`` split in world_size blocks) of the reduction of every ``input``."""
+        self._native.reduce_scatter(output, input, op, timeout)
+        return output
+
+    def broadcast(self, tensor: Any, src: int = 0, *, timeout: Optional[float] = None) -> Any:
+        """Every rank's ``tensor`` becomes rank ``src``'s; returns ``tensor``."""
+        self._native.broadcast(tensor, int(src), timeout)
+        return tensor
+
+    def barrier(self, *, timeout: Optional[float] = None) -> None:
+        """Return once every rank has called it."""
+        self._native.barrier(timeout)
+
+    def close(self) -> None:
+        """Unmap the shared memory (views from :meth:`buffer` keep it alive). Idempotent."""
+        if not self._native.closed:
+            self._native.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size}, max_bytes={self.max_bytes})"
+
+
+__all__ = ["Communicator", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_BYTES_OVERSUBSCRIBED", "default_max_bytes"]

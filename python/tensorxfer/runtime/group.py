@@ -1,0 +1,253 @@
+"""LocalGroup: the ranks of one host that work together.
+
+Every rank calls one of the (collective) constructors::
+
+    group = LocalGroup.join("job-42", rank=r, world_size=4, timeout=30.0)   # shared memory only
+    group = LocalGroup.from_torch()            # reuse torch.distributed (ranks all on this host)
+    group = LocalGroup.from_mpi(comm)          # reuse an mpi4py communicator
+
+    group.barrier(timeout=5.0)
+    parts = group.all_gather_bytes(b"mine")    # every rank's bytes, in rank order
+    group.close()                              # or use it as a context manager
+
+Spawned workers join through the picklable ``group.handle``:
+``LocalGroup.from_handle(handle, rank=r)``.
+
+The rendezvous needs no network: the first rank creates a shared-memory
+segment named after the group (mode 0600; another user's segment is refused),
+the others attach. A leftover segment of a dead job with the same name is
+replaced; a live group with another ``world_size`` is refused naming both
+sizes. Waits release the GIL and raise ``TimeoutError`` when their timeout
+passes, and ``tensorxfer.PeerLostError`` naming the rank (and its pid) when a
+rank has died or closed the group (checked at least every 20 ms). The segment
+is removed when the last member closes the group or exits.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+from tensorxfer import _core
+from tensorxfer._resource import SharedResource
+
+__all__ = ["GroupHandle", "LocalGroup"]
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+@dataclass(frozen=True)
+class GroupHandle:
+    """What a worker needs to join a group: small and picklable (any start method)."""
+
+    name: str
+    world_size: int
+
+
+def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value >= high):
+        bounds = f"be in [{low}, {high})" if high is not None else f"be >= {low}"
+        raise ValueError(f"{name} must {bounds}, got {value}")
+    return value
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    encoded = name.encode("utf-8")
+    limit = _core.LocalGroup.max_name_nbytes
+    if not 1 <= len(encoded) <= limit or "\0" in name:
+        raise ValueError(f"name must be 1..{limit} bytes of UTF-8 without NUL, got {name!r}")
+    return name
+
+
+def host_identity() -> Tuple[str, str]:
+    """``(hostname, kernel boot id)``: equal for processes that can share this host's memory."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as handle:
+            boot_id = handle.read().strip()
+    except OSError:
+        boot_id = ""
+    return socket.gethostname(), boot_id
+
+
+def ranks_not_on_host(identities: Sequence[Any], reference: int = 0) -> List[int]:
+    """The ranks whose host identity differs from rank ``reference``'s."""
+    return [rank for rank, identity in enumerate(identities) if identity != identities[reference]]
+
+
+def _not_local_error(source: str, identities: Sequence[Any], remote: List[int]) -> RuntimeError:
+    where = ", ".join(f"rank {rank} on {identities[rank]!r}" for rank in remote)
+    return RuntimeError(
+        f"LocalGroup.{source}: every rank must be on this host, but ranks {remote} are not on the host "
+        f"of rank 0 ({identities[0]!r}): {where}"
+    )
+
+
+class LocalGroup(SharedResource):
+    """A group of processes on one host (see the module docstring).
+
+    ``_native`` is the ``tensorxfer._core.LocalGroup`` other native layers use.
+    Collectives must be called in the same order on every rank, one at a time
+    per group (not concurrently from several threads, nor while ``close()``
+    runs in another thread).
+    """
+
+    _kind = "LocalGroup"
+    _share_hint = "pass its .handle and call LocalGroup.from_handle(handle, rank=r) in the other process"
+
+    def __init__(self, native: Any) -> None:
+        """Wraps a joined ``_core.LocalGroup``; use :meth:`join` or the other constructors."""
+        if not isinstance(native, _core.LocalGroup):
+            raise TypeError(f"native must be a tensorxfer._core.LocalGroup, got {type(native).__name__}")
+        self._native = native
+        self._closed = False
+
+    # ---- constructors (collective) ---------------------------------------------
+
+    @classmethod
+    def join(cls, name: str, *, rank: int, world_size: int, timeout: Optional[float] = None) -> "LocalGroup":
+        """Joins (or creates) the group ``name``; returns once all ``world_size`` ranks joined.
+
+        Raises ``ValueError`` for bad arguments or a refused segment (a live
+        group of another size, a rank taken by a live process, another user's
+        segment), ``tensorxfer.CorruptSegmentError`` for a damaged segment,
+        ``TimeoutError`` naming the ranks that did not come, and
+        ``tensorxfer.PeerLostError`` when a rank that had joined died.
+        """
+        name = _check_name(name)
+        world_size = _check_int(world_size, "world_size", 1, _core.LocalGroup.max_world_size + 1)
+        rank = _check_int(rank, "rank", 0, world_size)
+        return cls(_core.LocalGroup.join(name, rank, world_size, timeout))
+
+    @classmethod
+    def from_handle(cls, handle: GroupHandle, *, rank: int, timeout: Optional[float] = None) -> "LocalGroup":
+        """Joins the group that ``handle`` (another member's :attr:`handle`) describes, as ``rank``."""
+        if not isinstance(handle, GroupHandle):
+            raise TypeError(f"handle must be a GroupHandle, got {type(handle).__name__}")
+        return cls.join(handle.name, rank=rank, world_size=handle.world_size, timeout=timeout)
+
+    @classmethod
+    def from_torch(cls, process_group: Any = None, *, timeout: Optional[float] = None) -> "LocalGroup":
+        """A group of the ranks of a torch.distributed process group (the default one when None).
+
+        torch.distributed must be initialized and every rank of the group on
+        this host (else ``RuntimeError`` naming the ranks that are not, on every
+        rank). Rank and world size are the process group's; rank 0 picks a
+        random group name, exchanged through torch.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("LocalGroup.from_torch: torch.distributed is not initialized "
+                               "(call torch.distributed.init_process_group first)")
+        group = process_group if process_group is not None else dist.group.WORLD
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise ValueError("LocalGroup.from_torch: this process is not a member of process_group")
+        entries: List[Any] = [None] * world_size
+        dist.all_gather_object(entries, (host_identity(), f"torch-{secrets.token_hex(12)}"), group=group)
+        identities = [identity for identity, _ in entries]
+        remote = ranks_not_on_host(identities)
+        if remote:
+            raise _not_local_error("from_torch", identities, remote)
+        return cls.join(entries[0][1], rank=rank, world_size=world_size, timeout=timeout)
+
+    @classmethod
+    def from_mpi(cls, comm: Any = None, *, timeout: Optional[float] = None) -> "LocalGroup":
+        """A group of the ranks of an mpi4py communicator (``MPI.COMM_WORLD`` when None).
+
+        Every rank must share this host's memory (checked with
+        ``Split_type(COMM_TYPE_SHARED)``; ``RuntimeError`` naming the ranks that
+        do not, on every rank). Rank 0's random group name is broadcast.
+        """
+        from mpi4py import MPI
+
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        try:
+            node_leader = node.bcast(comm.Get_rank(), root=0)  # the lowest rank sharing my memory
+        finally:
+            node.Free()
+        leaders = comm.allgather(node_leader)
+        remote = ranks_not_on_host(leaders)
+        if remote:
+            identities = comm.allgather(host_identity())
+            raise _not_local_error("from_mpi", identities, remote)
+        name = comm.bcast(f"mpi-{secrets.token_hex(12)}" if comm.Get_rank() == 0 else None, root=0)
+        return cls.join(name, rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=timeout)
+
+    # ---- properties ------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0..world_size-1."""
+        return int(self._native.rank)
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks the group has."""
+        return int(self._native.world_size)
+
+    @property
+    def name(self) -> str:
+        """The group name every rank joined with."""
+        return str(self._native.name)
+
+    @property
+    def handle(self) -> GroupHandle:
+        """A picklable description for :meth:`from_handle` in spawned workers."""
+        return GroupHandle(self.name, self.world_size)
+
+    # ---- collectives -----------------------------------------------------------
+
+    def barrier(self, timeout: Optional[float] = None) -> None:
+        """Returns once every rank has entered this barrier.
+
+        Raises ``TimeoutError`` (naming the ranks that did not arrive) or
+        ``tensorxfer.PeerLostError`` (naming the lost rank). After either the
+        group cannot be used for further collectives: close it.
+        """
+        self._ensure_open()
+        self._native.barrier(timeout)
+
+    def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None) -> List[bytes]:
+        """Every rank's ``data`` in rank order (own included); sizes may differ between ranks.
+
+        ``data`` is bytes-like (bytes, bytearray, memoryview of contiguous bytes).
+        Contributions larger than the shared mailbox (64 KiB) are exchanged in
+        rounds. Raises like :meth:`barrier`.
+        """
+        self._ensure_open()
+        if not isinstance(data, bytes):
+            if not isinstance(data, (bytearray, memoryview)):
+                raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}")
+            data = bytes(data)
+        return self._native.all_gather_bytes(data, timeout)
+
+    # ---- liveness --------------------------------------------------------------
+
+    def rank_alive(self, rank: int) -> bool:
+        """True while ``rank`` is a member (joined, not closed, its process alive)."""
+        self._ensure_open()
+        return bool(self._native.rank_alive(_check_int(rank, "rank", 0, self.world_size)))
+
+    def check_peers(self) -> None:
+        """Raises ``tensorxfer.PeerLostError`` naming the first rank that died or closed the group."""
+        self._ensure_open()
+        self._native.check_peers()
+
+    def _release(self) -> None:
+        # A fork()ed child's close leaves the parent's membership alone (native rule).
+        self._native.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rank={self.rank}, world_size={self.world_size}"
+        return f"LocalGroup({self._native.name!r}, {state}, pid={os.getpid()})"

@@ -1,0 +1,185 @@
+"""IPC memory: a data region and barrier words per rank of a local group,
+every rank's mapped into every process.
+
+The object has the fields of TVM's ``CUDAIPCMemoryObj`` (the reference):
+``num_workers``, ``worker_id``, ``remote_data`` (rank i's data address in this
+process; the own rank's is local), ``barrier_in`` / ``barrier_out`` (the
+ranks' barrier words, same arrangement) and ``barrier_flag`` (the last barrier
+epoch used: 64-bit, only increases).
+
+Host memory (``device="cpu"``): one shared segment per rank (``/dev/shm``,
+mode 0600), mapped by every rank; the names are removed as soon as every rank
+has mapped them, so nothing is left behind even if a rank is killed later.
+``device="cuda"`` builds the same object over ``cudaIpcGetMemHandle`` /
+``cudaIpcOpenMemHandle`` (builds with CUDA and a device only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Sequence
+
+import numpy as np
+
+from tensorxfer import _core
+
+
+class GroupLike(Protocol):
+    """What :meth:`IpcMemory.create` needs from a group (``tensorxfer.runtime.LocalGroup``)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None) -> Sequence[bytes]:
+        """Every rank's ``data`` in rank order."""
+        ...
+
+    def barrier(self, timeout: Optional[float] = None) -> None:
+        """Return once every rank has called it."""
+        ...
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"
+
+
+def typed_view(region: np.ndarray, dtype: Any, shape: Any, what: str) -> Any:
+    """A numpy (numpy dtype) or torch (torch dtype) view of the first bytes of ``region`` (uint8)."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(dim) for dim in shape)
+    if any(dim < 0 for dim in shape):
+        raise ValueError(f"{what}: shape must have dimensions >= 0, got {shape}")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if _is_torch_dtype(dtype):
+        import torch
+
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = count * itemsize
+        if nbytes > region.nbytes:
+            raise ValueError(f"{what}: {shape} of {dtype} needs {nbytes} bytes, the region holds {region.nbytes}")
+        return torch.from_numpy(region[:nbytes]).view(dtype).view(shape)
+    np_dtype = np.dtype(dtype)
+    nbytes = count * np_dtype.itemsize
+    if nbytes > region.nbytes:
+        raise ValueError(f"{what}: {shape} of {np_dtype} needs {nbytes} bytes, the region holds {region.nbytes}")
+    return region[:nbytes].view(np_dtype).reshape(shape)
+
+
+def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
+    """Steps 2 and 3 of building an IpcMemory: all-gather the handles, map, barrier, unlink.
+
+    On failure the native object is closed (its segment unlinked) and the error re-raised.
+    """
+    try:
+        handles = group.all_gather_bytes(native.local_handle, timeout=timeout)
+        native.map_peers([bytes(handle) for handle in handles])
+        group.barrier(timeout=timeout)
+        native.release_handles()
+    except BaseException:
+        native.close()
+        raise
+
+
+class IpcMemory:
+    """Per-rank regions of ``nbytes`` bytes plus barrier words, every rank's mapped by every rank.
+
+    Make one with :meth:`create` (collective). Fields: ``num_workers``,
+    ``worker_id``, ``remote_data``, ``barrier_in``, ``barrier_out``,
+    ``barrier_flag``. ``buffer(rank, dtype, shape)`` views a rank's region.
+    Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, native: Any) -> None:
+        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`)."""
+        self._native = native
+
+    @classmethod
+    def create(
+        cls, group: GroupLike, nbytes: int, device: str = "cpu", *, timeout: Optional[float] = None
+    ) -> "IpcMemory":
+        """Collective: every rank of ``group`` calls it with the same ``nbytes`` and ``device``.
+
+        ``device`` is ``"cpu"`` or ``"cuda"``; ``timeout`` (seconds, None = no
+        limit) bounds the exchange. Raises ``ValueError`` for bad arguments,
+        ``tensorxfer.UnsupportedError`` for ``"cuda"`` without CUDA,
+        ``tensorxfer.PeerLostError`` when a rank died during the exchange.
+        """
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
+        native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, device)
+        exchange_and_map(native, group, timeout)
+        return cls(native)
+
+    @property
+    def num_workers(self) -> int:
+        """The number of ranks."""
+        return int(self._native.num_workers)
+
+    @property
+    def worker_id(self) -> int:
+        """This process's rank."""
+        return int(self._native.worker_id)
+
+    @property
+    def remote_data(self) -> list[int]:
+        """Rank i's data address in this process (own rank: the local address)."""
+        return list(self._native.remote_data)
+
+    @property
+    def barrier_in(self) -> list[int]:
+        """Rank i's start-barrier words in this process."""
+        return list(self._native.barrier_in)
+
+    @property
+    def barrier_out(self) -> list[int]:
+        """Rank i's middle/end-barrier words in this process."""
+        return list(self._native.barrier_out)
+
+    @property
+    def barrier_flag(self) -> int:
+        """The last barrier epoch used (64-bit, only increases)."""
+        return int(self._native.barrier_flag)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of each rank's data region."""
+        return int(self._native.nbytes)
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda"``."""
+        return str(self._native.device)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return bool(self._native.closed)
+
+    def buffer(self, rank: int, dtype: Any, shape: Any) -> Any:
+        """A view of the start of rank ``rank``'s region: numpy for a numpy dtype, torch for a torch dtype.
+
+        Writes through the view are seen by every rank; synchronise with a
+        barrier. The view keeps the mapping alive (host memory only).
+        """
+        if not 0 <= int(rank) < self.num_workers:
+            raise ValueError(f"IpcMemory.buffer: rank must be in [0, {self.num_workers}), got {rank}")
+        return typed_view(self._native.region(int(rank)), dtype, shape, "IpcMemory.buffer")
+
+    def close(self) -> None:
+        """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent."""
+        self._native.close()
+
+    def __enter__(self) -> "IpcMemory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"nbytes={self.nbytes}"
+        return f"IpcMemory(worker_id={self.worker_id}, num_workers={self.num_workers}, {state}, device={self.device!r})"
+
+
+__all__ = ["IpcMemory", "GroupLike"]

@@ -1,0 +1,61 @@
+// Threads as ranks: a local group of IpcMemory / Communicator objects made in
+// one process, and a harness that runs one body per rank.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorxfer/collectives/communicator.h"
+#include "tensorxfer/collectives/ipc_memory.h"
+
+namespace tensorxfer::testing {
+
+// Every rank's IpcMemory, mapped (the handle exchange is a vector).
+inline std::vector<collectives::IpcMemory> make_ipc_group(int world, std::size_t nbytes) {
+  std::vector<collectives::IpcMemory> memories;
+  std::vector<std::string> handles;
+  for (int rank = 0; rank < world; ++rank) {
+    memories.push_back(collectives::IpcMemory::create_local(rank, world, nbytes, collectives::MemoryDevice::kHost));
+    handles.push_back(memories.back().local_handle());
+  }
+  for (auto& memory : memories) memory.map_peers(handles);
+  for (auto& memory : memories) memory.release_handles();
+  return memories;
+}
+
+inline std::vector<std::unique_ptr<collectives::Communicator>> make_communicators(int world, std::size_t max_bytes,
+                                                                                  std::size_t buffer_bytes = 0) {
+  auto memories = make_ipc_group(world, collectives::Communicator::required_data_nbytes(max_bytes, buffer_bytes));
+  std::vector<std::unique_ptr<collectives::Communicator>> communicators;
+  for (auto& memory : memories) {
+    communicators.push_back(
+        std::make_unique<collectives::Communicator>(std::move(memory), max_bytes, buffer_bytes));
+  }
+  return communicators;
+}
+
+// Runs body(rank) on `world` threads; rethrows the first exception (collected under a mutex).
+template <typename Body>
+void run_ranks(int world, Body body) {
+  std::mutex mutex;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace tensorxfer::testing

@@ -1,0 +1,362 @@
+// The collectives with threads as ranks: every dtype and op against a
+// reference that reduces in rank order, chunking, both algorithms, the
+// zero-copy buffer, bitwise equality across ranks, mismatches and timeouts.
+#include "tensorxfer/collectives/communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "collectives_test_util.h"
+#include "tensorxfer/common/error.h"
+
+namespace tensorxfer::collectives {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::make_communicators;
+using testing::run_ranks;
+
+constexpr auto kTimeout = std::chrono::nanoseconds(30s);
+
+DLDataType dl_type(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32: return {kDLFloat, 32, 1};
+    case ElementType::kFloat64: return {kDLFloat, 64, 1};
+    case ElementType::kBFloat16: return {kDLBfloat, 16, 1};
+    case ElementType::kFloat16: return {kDLFloat, 16, 1};
+    case ElementType::kInt32: return {kDLInt, 32, 1};
+    case ElementType::kInt64: return {kDLInt, 64, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+TensorView view_of(void* data, ElementType type, std::size_t count) {
+  TensorView view;
+  view.data = data;
+  view.dtype = dl_type(type);
+  view.shape = {static_cast<int64_t>(count)};
+  view.strides = {1};
+  return view;
+}
+
+// Rank r's input value at element i as a double: small multiples of 1/4 (exact in every type).
+double input_value(int rank, std::size_t i, int seed) {
+  const auto mixed = static_cast<uint64_t>(i) * 2654435761u + static_cast<uint64_t>(rank) * 40503u +
+                     static_cast<uint64_t>(seed) * 97u;
+  return static_cast<double>(static_cast<int>(mixed % 33) - 16) * 0.25;
+}
+double integer_input(int rank, std::size_t i, int seed) { return std::floor(input_value(rank, i, seed) * 1000.0); }
+
+// Bytes of `count` elements of `type` for rank `rank`.
+std::vector<std::byte> make_input(ElementType type, int rank, std::size_t count, int seed) {
+  std::vector<std::byte> bytes(count * element_size(type));
+  for (std::size_t i = 0; i < count; ++i) {
+    const double v = input_value(rank, i, seed);
+    void* at = bytes.data() + i * element_size(type);
+    switch (type) {
+      case ElementType::kFloat32: { const float f = static_cast<float>(v); std::memcpy(at, &f, 4); break; }
+      case ElementType::kFloat64: std::memcpy(at, &v, 8); break;
+      case ElementType::kBFloat16: { const uint16_t h = float_to_bfloat16(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
+      case ElementType::kFloat16: { const uint16_t h = float_to_float16(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
+      case ElementType::kInt32: { const auto x = static_cast<int32_t>(integer_input(rank, i, seed)); std::memcpy(at, &x, 4); break; }
+      case ElementType::kInt64: { const auto x = static_cast<int64_t>(integer_input(rank, i, seed)) * (int64_t{1} << 20); std::memcpy(at, &x, 8); break; }
+    }
+  }
+  return bytes;
+}
+
+// The expected result, written independently of reduce.cc: rank order, one element at a time.
+std::vector<std::byte> expected_result(ElementType type, ReduceOp op, int world, std::size_t count, int seed) {
+  std::vector<std::vector<std::byte>> inputs;
+  for (int r = 0; r < world; ++r) inputs.push_back(make_input(type, r, count, seed));
+  std::vector<std::byte> out(count * element_size(type));
+  auto combine = [op](auto acc, auto value) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: return static_cast<decltype(acc)>(acc + value);
+      case ReduceOp::kMax: return value > acc ? value : acc;
+      case ReduceOp::kMin: return value < acc ? value : acc;
+    }
+    return acc;
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    auto element = [&](int r) { return inputs[r].data() + i * element_size(type); };
+    void* at = out.data() + i * element_size(type);
+    if (type == ElementType::kFloat32 || type == ElementType::kBFloat16 || type == ElementType::kFloat16) {
+      auto load = [&](int r) {
+        uint16_t h;
+        float f;
+        if (type == ElementType::kFloat32) { std::memcpy(&f, element(r), 4); return f; }
+        std::memcpy(&h, element(r), 2);
+        return type == ElementType::kBFloat16 ? bfloat16_to_float(h) : float16_to_float(h);
+      };
+      float acc = load(0);
+      for (int r = 1; r < world; ++r) acc = combine(acc, load(r));
+      if (op == ReduceOp::kAvg) acc = acc / static_cast<float>(world);
+      if (type == ElementType::kFloat32) { std::memcpy(at, &acc, 4); continue; }
+      const uint16_t h = type == ElementType::kBFloat16 ? float_to_bfloat16(acc) : float_to_float16(acc);
+      std::memcpy(at, &h, 2);
+    } else if (type == ElementType::kFloat64) {
+      double acc, v;
+      std::memcpy(&acc, element(0), 8);
+      for (int r = 1; r < world; ++r) { std::memcpy(&v, element(r), 8); acc = combine(acc, v); }
+      if (op == ReduceOp::kAvg) acc = acc / world;
+      std::memcpy(at, &acc, 8);
+    } else if (type == ElementType::kInt32) {
+      int32_t v;
+      std::memcpy(&v, element(0), 4);
+      int64_t acc = v;
+      for (int r = 1; r < world; ++r) { std::memcpy(&v, element(r), 4); acc = combine(acc, int64_t{v}); }
+      if (op == ReduceOp::kAvg) acc = acc / world;
+      const auto result = static_cast<int32_t>(acc);
+      std::memcpy(at, &result, 4);
+    } else {
+      int64_t acc, v;
+      std::memcpy(&acc, element(0), 8);
+      for (int r = 1; r < world; ++r) { std::memcpy(&v, element(r), 8); acc = combine(acc, v); }
+      if (op == ReduceOp::kAvg) acc = acc / world;
+      std::memcpy(at, &acc, 8);
+    }
+  }
+  return out;
+}
+
+const ElementType kTypes[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
+                              ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+
+TEST(ReduceTest, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_bfloat16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bfloat16(1.00390625f), 0x3f80);  // halfway: to even
+  EXPECT_EQ(float_to_bfloat16(1.01171875f), 0x3f82);  // halfway: to even (up)
+  EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(NAN))));
+  EXPECT_EQ(float_to_float16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_float16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_float16(65520.0f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(float_to_float16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(float_to_float16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(float_to_float16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(float_to_float16(-2.0f), 0xc000);
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;  // NaN payloads
+    ASSERT_EQ(float_to_float16(float16_to_float(h)), h) << std::hex << bits;
+    if ((h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0) continue;
+    ASSERT_EQ(float_to_bfloat16(bfloat16_to_float(h)), h) << std::hex << bits;
+  }
+}
+
+TEST(ReduceTest, DestinationMayAliasASource) {
+  std::vector<float> a = {1, 2, 3}, b = {10, 20, 30};
+  const void* sources[] = {a.data(), b.data()};
+  reduce_elements(ElementType::kFloat32, ReduceOp::kSum, sources, 2, 2, b.data(), nullptr, 3);
+  EXPECT_EQ(b, (std::vector<float>{11, 22, 33}));
+}
+
+struct Case {
+  int world;
+  Algorithm algorithm;
+};
+
+class AllReduceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AllReduceTest, EveryDtypeAndOpMatchesTheRankOrderReferenceBitwise) {
+  const auto [world, algorithm] = GetParam();
+  constexpr std::size_t kMaxBytes = 4096;  // several chunks for the larger counts
+  auto comms = make_communicators(world, kMaxBytes);
+  const std::size_t counts[] = {0, 1, 7, 1000, 5 * 1024 + 3};
+  int seed = 0;
+  for (ElementType type : kTypes) {
+    for (ReduceOp op : kOps) {
+      for (std::size_t count : counts) {
+        ++seed;
+        const auto expected = expected_result(type, op, world, count, seed);
+        std::vector<std::vector<std::byte>> results(world);
+        run_ranks(world, [&](int rank) {
+          results[rank] = make_input(type, rank, count, seed);
+          comms[rank]->all_reduce(view_of(results[rank].data(), type, count), op, algorithm, kTimeout);
+        });
+        for (int rank = 0; rank < world; ++rank) {
+          ASSERT_EQ(results[rank], expected) << "rank " << rank << " type " << static_cast<int>(type) << " op "
+                                             << reduce_op_name(op) << " count " << count;
+        }
+      }
+    }
+  }
+  for (auto& comm : comms) EXPECT_EQ(comm->barrier_sequence(), comms[0]->barrier_sequence());
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, AllReduceTest,
+                         ::testing::Values(Case{1, Algorithm::kOneShot}, Case{2, Algorithm::kOneShot},
+                                           Case{2, Algorithm::kTwoShot}, Case{3, Algorithm::kTwoShot},
+                                           Case{4, Algorithm::kOneShot}, Case{4, Algorithm::kAuto},
+                                           Case{5, Algorithm::kTwoShot}));
+
+TEST(CommunicatorTest, ZeroCopyBufferIsReducedInPlaceByBothAlgorithms) {
+  constexpr int kWorld = 3;
+  auto comms = make_communicators(kWorld, 4096, 1 << 16);
+  for (Algorithm algorithm : {Algorithm::kOneShot, Algorithm::kTwoShot}) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{3000}, std::size_t{16000}}) {
+      const int seed = static_cast<int>(count);
+      const auto expected = expected_result(ElementType::kFloat32, ReduceOp::kSum, kWorld, count, seed);
+      run_ranks(kWorld, [&](int rank) {
+        std::byte* at = comms[rank]->buffer(rank) + 64;  // same offset on every rank
+        const auto input = make_input(ElementType::kFloat32, rank, count, seed);
+        std::memcpy(at, input.data(), input.size());
+        comms[rank]->all_reduce(view_of(at, ElementType::kFloat32, count), ReduceOp::kSum, algorithm, kTimeout);
+        EXPECT_EQ(std::memcmp(at, expected.data(), expected.size()), 0) << "rank " << rank << " count " << count;
+      });
+    }
+  }
+}
+
+TEST(CommunicatorTest, AllGatherReduceScatterBroadcast) {
+  for (int world : {1, 2, 3, 4}) {
+    auto comms = make_communicators(world, 4096);
+    const std::size_t count = 3000;  // several chunks of 4 KiB
+    run_ranks(world, [&](int rank) {
+      std::vector<int32_t> input(count);
+      for (std::size_t i = 0; i < count; ++i) input[i] = rank * 100000 + static_cast<int32_t>(i);
+      std::vector<int32_t> gathered(count * world, -1);
+      comms[rank]->all_gather(view_of(gathered.data(), ElementType::kInt32, gathered.size()),
+                              view_of(input.data(), ElementType::kInt32, count), kTimeout);
+      for (int r = 0; r < world; ++r) {
+        for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(gathered[r * count + i], r * 100000 + int32_t(i));
+      }
+      // reduce_scatter: rank r gets block r of the sum; every rank's element j is rank*1000 + j.
+      std::vector<int64_t> full(count * world);
+      for (std::size_t j = 0; j < full.size(); ++j) full[j] = rank * 1000 + static_cast<int64_t>(j);
+      std::vector<int64_t> block(count, -1);
+      comms[rank]->reduce_scatter(view_of(block.data(), ElementType::kInt64, count),
+                                  view_of(full.data(), ElementType::kInt64, full.size()), ReduceOp::kSum, kTimeout);
+      const int64_t rank_sum = 1000LL * world * (world - 1) / 2;
+      for (std::size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(block[i], rank_sum + world * static_cast<int64_t>(rank * count + i)) << i;
+      }
+      for (int root = 0; root < world; ++root) {
+        std::vector<double> data(count, rank == root ? 0.5 + root : -1.0);
+        comms[rank]->broadcast(view_of(data.data(), ElementType::kFloat64, count), root, kTimeout);
+        for (double v : data) ASSERT_EQ(v, 0.5 + root);
+      }
+      comms[rank]->barrier(kTimeout);
+    });
+  }
+}
+
+TEST(CommunicatorTest, BarrierFlagsOnlyIncreaseAndBarriersOrderWrites) {
+  // Each round every rank writes its round number into its zero-copy buffer,
+  // passes a barrier, reads every peer's, passes a second barrier (so nobody
+  // overwrites before all read). Random delays move ranks in and out of step.
+  constexpr int kWorld = 4;
+  constexpr int kRounds = 300;
+  auto comms = make_communicators(kWorld, 4096, 4096);
+  run_ranks(kWorld, [&](int rank) {
+    std::mt19937 random(rank);
+    Communicator& comm = *comms[rank];
+    uint64_t last_flag = comm.memory().barrier_flag;
+    for (int round = 1; round <= kRounds; ++round) {
+      if (random() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(random() % 300));
+      std::memcpy(comm.buffer(rank), &round, sizeof(round));
+      comm.barrier(kTimeout);
+      for (int r = 0; r < kWorld; ++r) {
+        int seen = 0;
+        std::memcpy(&seen, comm.buffer(r), sizeof(seen));
+        ASSERT_EQ(seen, round) << "rank " << rank << " read rank " << r;
+      }
+      comm.barrier(kTimeout);
+      ASSERT_GT(comm.memory().barrier_flag, last_flag);
+      last_flag = comm.memory().barrier_flag;
+    }
+  });
+  for (auto& comm : comms) EXPECT_EQ(comm->memory().barrier_flag, 2u * kRounds);
+}
+
+TEST(CommunicatorTest, BackToBackAllReducesWithJitterStayBitwiseEqual) {
+  constexpr int kWorld = 3;
+  auto comms = make_communicators(kWorld, 4096);
+  run_ranks(kWorld, [&](int rank) {
+    std::mt19937 random(100 + rank);
+    for (int round = 0; round < 500; ++round) {
+      const std::size_t count = 1 + (round * 37) % 3000;  // shapes change between calls
+      if (random() % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(random() % 200));
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(rank + 1) * 0.5f + float(i % 7);
+      comms[rank]->all_reduce(view_of(data.data(), ElementType::kFloat32, count), ReduceOp::kSum,
+                              round % 2 ? Algorithm::kTwoShot : Algorithm::kOneShot, kTimeout);
+      for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 3.0f + 3.0f * float(i % 7)) << round;
+    }
+  });
+}
+
+TEST(CommunicatorTest, DifferentCallsOnDifferentRanksFailOnEveryRank) {
+  auto comms = make_communicators(2, 4096);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int rank) {
+    std::vector<float> data(rank == 0 ? 10 : 12, 1.0f);
+    try {
+      comms[rank]->all_reduce(view_of(data.data(), ElementType::kFloat32, data.size()), ReduceOp::kSum,
+                              Algorithm::kOneShot, kTimeout);
+    } catch (const InvalidArgument& error) {
+      errors[rank] = error.what();
+    }
+  });
+  for (const auto& error : errors) EXPECT_NE(error.find("different operations"), std::string::npos) << error;
+  std::vector<float> data(4, 1.0f);
+  EXPECT_THROW(comms[0]->all_reduce(view_of(data.data(), ElementType::kFloat32, 4), ReduceOp::kSum,
+                                    Algorithm::kOneShot, kTimeout),
+               InvalidArgument);  // unusable afterwards
+}
+
+TEST(CommunicatorTest, AMissingRankTimesOutNamingIt) {
+  auto comms = make_communicators(3, 4096);
+  std::vector<float> data(8, 1.0f);
+  run_ranks(2, [&](int rank) {  // rank 2 never calls
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comms[rank]->all_reduce(view_of(data.data(), ElementType::kFloat32, 0), ReduceOp::kSum, Algorithm::kOneShot,
+                              std::chrono::nanoseconds(100ms));
+      ADD_FAILURE() << "no timeout";
+    } catch (const Timeout& error) {
+      EXPECT_NE(std::string(error.what()).find("ranks not arrived: 2"), std::string::npos) << error.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  });
+}
+
+TEST(CommunicatorTest, HookRunsWhileWaitingAndCanEndTheWait) {
+  auto comms = make_communicators(2, 4096);
+  int calls = 0;
+  EXPECT_THROW(comms[0]->barrier(std::chrono::nanoseconds(5s),
+                                 [&] {
+                                   if (++calls == 3) throw std::runtime_error("interrupted");
+                                 }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(CommunicatorTest, RefusesBadArguments) {
+  auto comms = make_communicators(2, 4096);
+  std::vector<float> data(16, 1.0f);
+  TensorView strided = view_of(data.data(), ElementType::kFloat32, 8);
+  strided.strides = {2};
+  EXPECT_THROW(comms[0]->all_reduce(strided, ReduceOp::kSum, Algorithm::kAuto, kTimeout), InvalidArgument);
+  TensorView bytes = TensorView::bytes(data.data(), 64);
+  EXPECT_THROW(comms[0]->all_reduce(bytes, ReduceOp::kSum, Algorithm::kAuto, kTimeout), TypeMismatch);
+  EXPECT_THROW(comms[0]->broadcast(view_of(data.data(), ElementType::kFloat32, 4), 2, kTimeout), InvalidArgument);
+  EXPECT_THROW(parse_reduce_op("prod"), InvalidArgument);
+  EXPECT_THROW(parse_algorithm("ring"), InvalidArgument);
+  std::vector<float> out(3);
+  EXPECT_THROW(comms[0]->all_gather(view_of(out.data(), ElementType::kFloat32, 3),
+                                    view_of(data.data(), ElementType::kFloat32, 2), kTimeout),
+               InvalidArgument);
+  // None of these touched shared state: the communicators still work.
+  run_ranks(2, [&](int rank) { comms[rank]->barrier(kTimeout); });
+}
+
+}  // namespace
+}  // namespace tensorxfer::collectives
