@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'SharedSegment', 'SlotRing', 'TensorView', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -369,6 +369,114 @@ class LocalGroup:
     @property
     def world_size(self) -> int:
         ...
+class IpcMemory:
+    """
+    Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).
+    """
+    @staticmethod
+    def create_local(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: str = 'cpu') -> IpcMemory:
+        """
+        Step 1: this rank's region (zeroed).
+        """
+    def check_peers_alive(self) -> None:
+        ...
+    def close(self) -> None:
+        ...
+    def map_peers(self, handles: collections.abc.Sequence[bytes]) -> None:
+        """
+        Step 2: map every rank's region; handles in rank order.
+        """
+    def region(self, rank: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint8]:
+        """
+        Rank `rank`'s data region as a uint8 numpy array (keeps the mapping alive).
+        """
+    def release_handles(self) -> None:
+        """
+        Step 3, after a group barrier: unlink this rank's name.
+        """
+    @property
+    def barrier_flag(self) -> int:
+        ...
+    @property
+    def barrier_in(self) -> list[int]:
+        ...
+    @property
+    def barrier_out(self) -> list[int]:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def device(self) -> str:
+        ...
+    @property
+    def local_handle(self) -> bytes:
+        """
+        What peers pass to map_peers (bytes).
+        """
+    @property
+    def mapped(self) -> bool:
+        ...
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def num_workers(self) -> int:
+        ...
+    @property
+    def remote_data(self) -> list[int]:
+        ...
+    @property
+    def worker_id(self) -> int:
+        ...
+class Communicator:
+    """
+    Collectives over an IpcMemory (tensorxfer/collectives/communicator.h).
+    """
+    def __init__(self, memory: IpcMemory, max_bytes: typing.SupportsInt | typing.SupportsIndex, buffer_bytes: typing.SupportsInt | typing.SupportsIndex, peer_check: typing.Any = None, spin_us: typing.SupportsFloat | typing.SupportsIndex | None = None) -> None:
+        """
+        Takes over `memory` (which is left closed).
+        """
+    def all_gather(self, output: typing.Any, input: typing.Any, timeout: typing.Any = None) -> None:
+        ...
+    def all_reduce(self, tensor: typing.Any, op: str = 'sum', algorithm: str = 'auto', timeout: typing.Any = None) -> None:
+        ...
+    def barrier(self, timeout: typing.Any = None) -> None:
+        ...
+    def broadcast(self, tensor: typing.Any, src: typing.SupportsInt | typing.SupportsIndex, timeout: typing.Any = None) -> None:
+        ...
+    def buffer_array(self, rank: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint8]:
+        """
+        Rank `rank`'s zero-copy buffer as a uint8 numpy array (keeps the mapping alive).
+        """
+    def close(self) -> None:
+        ...
+    def reduce_scatter(self, output: typing.Any, input: typing.Any, op: str = 'sum', timeout: typing.Any = None) -> None:
+        ...
+    @property
+    def broken(self) -> bool:
+        ...
+    @property
+    def buffer_nbytes(self) -> int:
+        ...
+    @property
+    def closed(self) -> bool:
+        ...
+    @property
+    def max_bytes(self) -> int:
+        ...
+    @property
+    def memory(self) -> IpcMemory:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def spin_us(self) -> float:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
 class CudaCopySubmitter:
     """
     Native cudaMemcpyAsync host-to-device submitter for one GPU.
@@ -396,6 +504,10 @@ def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
     The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
     """
+def choose_all_reduce_algorithm(nbytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex) -> str:
+    ...
+def communicator_required_nbytes(max_bytes: typing.SupportsInt | typing.SupportsIndex, buffer_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
+    ...
 def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
     """
     Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the (n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The caller keeps every span's memory alive. Private to the copy services and the pipeline executor.
