@@ -144,7 +144,7 @@ def test_each_available_backend_moves_and_verifies_every_byte(backend):
     assert [run["run"] for run in only["runs"]] == [1, 2]
     assert all(run["gb_per_s"] > 0 for run in only["runs"])
     assert only["processes"] == (1 if backend == "local" else 3)
-    if backend in ("mpi", "torch"):
+    if backend in ("mpi", "torch"):  # the batched services count plan builds
         assert only["plans_built"] == 1  # the second run reused the first run's plan
     assert summary["cpu_model"]
     # without --json the progress lines and the table go to stdout
@@ -161,7 +161,7 @@ def _first_received_tensor(rank: int, ranks: int = 3, target_parts: int = 2) -> 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("backend", ["local", "torch"])
+@pytest.mark.parametrize("backend", ["local", "torch", "shm"])
 def test_a_corrupted_receive_exits_1_naming_the_tensor(backend):
     need(backend)
     result = run_cli("--backends", backend, *SMALL, "--test-corrupt-rank", "1")
@@ -172,7 +172,7 @@ def test_a_corrupted_receive_exits_1_naming_the_tensor(backend):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("backend", ["torch", "mpi"])
+@pytest.mark.parametrize("backend", ["torch", "mpi", "shm"])
 def test_a_killed_rank_exits_3_within_the_timeout(backend):
     need(backend)
     begin = time.monotonic()
