@@ -1,9 +1,10 @@
-"""Command line: ``python -m tensorxfer info | demo | bench`` (also the ``tensorxfer`` script).
+"""Command line: ``python -m tensorxfer info | demo | reshard-demo | bench`` (also the ``tensorxfer`` script).
 
 ``info`` reports the build and the machine, ``demo`` runs the replay pipeline
-demo (:mod:`tensorxfer.demo.replay_demo`), ``bench`` runs the replay benchmark
-(:mod:`tensorxfer.benchmarks.replay`).  ``demo`` and ``bench`` take the same
-options as their modules; ``<command> --help`` lists them.
+demo (:mod:`tensorxfer.demo.replay_demo`), ``reshard-demo`` the resharding demo
+(:mod:`tensorxfer.demo.reshard_demo`), ``bench`` runs the replay benchmark
+(:mod:`tensorxfer.benchmarks.replay`).  ``demo``, ``reshard-demo`` and ``bench``
+take the same options as their modules; ``<command> --help`` lists them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Sequence
 _COMMANDS = {
     "info": "print the version, what was compiled in and what is usable now",
     "demo": "run the replay pipeline demo (collectors -> SlotRing -> learner)",
+    "reshard-demo": "move a sharded model's weights to another layout through each copy service",
     "bench": "run the replay benchmark against its baselines",
 }
 
@@ -58,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensorxfer.demo.replay_demo import main as demo_main
 
         return demo_main(rest, prog="python -m tensorxfer demo")
+    if command == "reshard-demo":
+        from tensorxfer.demo.reshard_demo import main as reshard_main
+
+        return reshard_main(rest, prog="python -m tensorxfer reshard-demo")
     from tensorxfer.benchmarks.replay import main as bench_main
 
     return bench_main(rest, prog="python -m tensorxfer bench")

@@ -1,8 +1,13 @@
-"""The replay pipeline demo (``python -m tensorxfer demo``, ``examples/replay_pipeline.py``).
+"""The demos: replay pipeline (``python -m tensorxfer demo``) and resharding (``python -m tensorxfer reshard-demo``).
 
-``replay_demo`` has the options, ``run_demo`` and the summary; ``learner`` the
-learner loop; ``collector`` the collector processes; ``store`` the shared
-replay store, the batch format and the independent verification.
+Replay: ``replay_demo`` has the options, ``run_demo`` and the summary;
+``learner`` the learner loop; ``collector`` the collector processes; ``store``
+the shared replay store, the batch format and the independent verification.
+
+Resharding: ``reshard_demo`` has the options, ``run_demo`` and the summary;
+``reshard_launch`` starts a backend's ranks and judges their reports;
+``reshard_worker`` is one rank; ``reshard_model`` the synthetic model, the
+layouts, the task plan and the independent verification.
 """
 
 import os as _os
