@@ -11,6 +11,7 @@
 
 #include "tensorxfer/collectives/communicator.h"
 #include "tensorxfer/collectives/ipc_memory.h"
+#include "support/run_ranks.h"
 
 namespace tensorxfer::testing {
 
@@ -38,24 +39,5 @@ inline std::vector<std::unique_ptr<collectives::Communicator>> make_communicator
   return communicators;
 }
 
-// Runs body(rank) on `world` threads; rethrows the first exception (collected under a mutex).
-template <typename Body>
-void run_ranks(int world, Body body) {
-  std::mutex mutex;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  if (first) std::rethrow_exception(first);
-}
 
 }  // namespace tensorxfer::testing

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensorxfer/group/group_layout.h"
+#include "support/run_ranks.h"
 
 namespace tensorxfer::testing {
 
@@ -24,23 +25,5 @@ inline std::string group_path(const std::string& group_name) {
   return "/dev/shm" + group::group_segment_name(group_name);
 }
 
-// Runs body(rank) on `world_size` threads; rethrows the first exception any raised.
-inline void run_ranks(int world_size, const std::function<void(int)>& body) {
-  std::mutex mutex;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  if (first) std::rethrow_exception(first);
-}
 
 }  // namespace tensorxfer::testing
