@@ -80,7 +80,7 @@ class BatchedCopyService(CopyService):
         coalesce_bytes: int = 128 << 10,
     ) -> None:
         super().__init__(group)
-        self.timeout = check_timeout(timeout)
+        self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
         self.max_window_tasks = _positive(max_window_tasks, "max_window_tasks")
         self.max_window_bytes = _positive(max_window_bytes, "max_window_bytes")
         self.coalesce_bytes = _positive(coalesce_bytes, "coalesce_bytes")
@@ -159,7 +159,7 @@ class BatchedCopyService(CopyService):
         self._check_open("run")
         if self._broken is not None:
             raise RuntimeError(f"{self.backend_name}.run(): an earlier run failed ({self._broken}); close this service")
-        timeout = self.timeout if timeout is _UNSET else check_timeout(timeout)
+        timeout = self.timeout if timeout is _UNSET else check_timeout(timeout, f"{self.backend_name}.run")
         deadline = None if timeout is None else time.monotonic() + timeout
         sends, recvs = self._take_ops()
         try:

@@ -9,10 +9,11 @@ send and the receive of one transfer; same-rank pairs are matched strictly by
 from __future__ import annotations
 
 import abc
-import math
 import operator
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
+
+from tensorxfer import _core
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds ``run()`` waits for its peers unless told otherwise."""
@@ -70,15 +71,10 @@ def match_local_ops_by_task_id(
     return pairs
 
 
-def check_timeout(timeout: Optional[float], argument: str = "timeout") -> Optional[float]:
-    """``timeout`` as a float of seconds (None = wait forever); ValueError/TypeError otherwise."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{argument}: expected seconds (a number) or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"{argument}: expected >= 0 seconds or None, got {timeout!r}")
-    return float(timeout)
+def check_timeout(timeout: Optional[float], operation: str = "CopyService") -> Optional[float]:
+    """``timeout`` as float seconds (None = no deadline), by the package's one set of
+    rules (:mod:`tensorxfer.errors`); ValueError / TypeError naming ``operation`` otherwise."""
+    return _core.check_timeout(timeout, operation)
 
 
 def check_rank(value: Any, world_size: int, argument: str) -> int:
