@@ -7,6 +7,8 @@
 #if defined(TENSORXFER_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "tensorxfer/common/cuda_check.h"
+
 #include <cstring>
 #include <vector>
 #endif
@@ -16,12 +18,9 @@ namespace tensorxfer::collectives {
 #if defined(TENSORXFER_WITH_CUDA)
 namespace {
 
+// Every call names its context; the mapping onto errors is common/cuda_check.h.
 void check_cuda(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  const std::string message = detail::concat("IpcMemory (cuda): ", what, " failed: ", cudaGetErrorName(status), " (",
-                                             cudaGetErrorString(status), ")");
-  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) throw Unsupported(message);
-  throw Error(message);
+  ::tensorxfer::check_cuda(status, std::string("IpcMemory (cuda): ") + what);
 }
 
 class CudaBacking final : public IpcMemory::Backing {

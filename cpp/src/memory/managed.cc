@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tensorxfer/common/cuda_runtime_calls.h"
+#include "tensorxfer/common/cuda_check.h"
 #include "tensorxfer/common/error.h"
 
 #ifdef TENSORXFER_WITH_CUDA
@@ -14,36 +15,6 @@ namespace tensorxfer::memory::managed {
 namespace {
 
 #ifdef TENSORXFER_WITH_CUDA
-
-std::string describe_cuda_error(cudaError_t error) {
-  return std::string(TENSORXFER_CUDA_CALL(cudaGetErrorString(error))) + " (" +
-         TENSORXFER_CUDA_CALL(cudaGetErrorName(error)) + ")";
-}
-
-// Throws the tensorxfer error matching a failed CUDA call; clears the runtime's last error.
-void check_cuda(cudaError_t error, const std::string& call) {
-  if (error == cudaSuccess) return;
-  (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
-  const std::string message = call + " failed: " + describe_cuda_error(error);
-  switch (error) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInvalidDevicePointer:
-      throw InvalidArgument(message);
-    case cudaErrorMemoryAllocation:
-      throw SystemError(message, ENOMEM);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNotSupported:
-    case cudaErrorInitializationError:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-      throw Unsupported(message);
-    default:
-      throw Error(message);
-  }
-}
 
 #if CUDART_VERSION >= 13000
 cudaMemLocation location_of(int device) {

@@ -8,37 +8,12 @@
 #include <string>
 #include <utility>
 
+#include "tensorxfer/common/cuda_check.h"
 #include "tensorxfer/common/cuda_runtime_calls.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::runtime {
 namespace {
-
-// Throws the tensorxfer error matching a failed CUDA call; clears the runtime's last error.
-void check_cuda(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return;
-  (void)TENSORXFER_CUDA_CALL(cudaGetLastError());
-  const std::string message = std::string(call) + " failed: " + TENSORXFER_CUDA_CALL(cudaGetErrorString(error)) +
-                              " (" + TENSORXFER_CUDA_CALL(cudaGetErrorName(error)) + ")";
-  switch (error) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidMemcpyDirection:
-      throw InvalidArgument(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNotSupported:
-    case cudaErrorInitializationError:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-      throw Unsupported(message);
-    default:
-      throw Error(message);
-  }
-}
 
 // Makes `device` current for the scope (streams and events belong to a device),
 // restoring the previous one after.
