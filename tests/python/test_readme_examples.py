@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import runpy
 
 import pytest
 
@@ -24,5 +25,12 @@ def test_readme_has_an_example_per_capability():
 
 
 @pytest.mark.parametrize("title,code", python_blocks(), ids=[t for t, _ in python_blocks()])
-def test_readme_example_runs(title, code, capsys):
-    exec(compile(code, f"README.md:{title}", "exec"), {"__name__": "readme_example"})
+def test_readme_example_runs(title, code, tmp_path):
+    # Each block runs as a user runs it: saved as a script and run as __main__.
+    # runpy makes the script sys.modules["__main__"] while it runs, so the
+    # examples that start processes with multiprocessing "spawn" work: a
+    # spawned child re-imports the script (as __mp_main__, skipping the
+    # `if __name__ == "__main__":` part) and finds the functions it is to run.
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    runpy.run_path(str(script), run_name="__main__")
