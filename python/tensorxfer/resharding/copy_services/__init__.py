@@ -9,7 +9,8 @@
         service.run()                                      # every rank calls it
 
 Backends: ``LocalCopyService`` (one process), ``MpiCopyService`` (mpi4py),
-``TorchDistributedCopyService`` (torch.distributed). The multi-process ones
+``TorchDistributedCopyService`` (torch.distributed), ``ShmCopyService`` (the
+ranks of one host: pipeline executor and cross-memory attach). The multi-process ones
 agree on every task's byte size before any byte moves, move tasks in windows of
 task-id order and pack small tensors per peer into one message.
 """
@@ -37,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from tensorxfer.resharding.copy_services.torch_distributed import TorchDistributedCopyService
 
         return TorchDistributedCopyService
+    if name == "ShmCopyService":
+        from tensorxfer.resharding.copy_services.shm import ShmCopyService
+
+        return ShmCopyService
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -50,4 +55,5 @@ __all__ = [
     "LocalCopyService",
     "MpiCopyService",
     "TorchDistributedCopyService",
+    "ShmCopyService",
 ]
