@@ -1,6 +1,6 @@
-"""Copy services vs what a user would write by hand: 2 ranks, each way.
+"""Copy services vs what a user would write by hand: 2 ranks (or more, in pairs), each way.
 
-Cases (every rank sends to the other and receives from it):
+Cases (every rank sends to its partner, rank ^ 1, and receives from it):
 
 * (a) 10,000 tensors of 4 KiB,
 * (b) 16 tensors of 16 MiB,
@@ -14,15 +14,21 @@ Variants, in the same run, interleaved repeat by repeat:
   service (plan built, private communicator made) and later runs of the same
   op pattern (plan and staging reused) - against hand-written mpi4py
   ``Isend``/``Irecv`` posted in windows of 16, 128 and all, ``Waitall`` per window.
+* shared memory (in the same mpirun job, on a ``LocalGroup.from_mpi`` group):
+  ``build_copy_service("shm", ...)`` first and later runs, the same way.
 * torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
   (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
 
 A sample is the slower rank's time for one full step, submits included,
 between barriers. Targets: MPI backend >= 3x the best mpi4py window on (a) and
 >= 1.0x on (b); torch backend >= 5x the better gloo window on (a) and >= 1.0x
-on (b). Prints the table (CPU model in the header), writes JSON + PNG.
+on (b); shm backend >= 4x the best mpi4py window and >= 20x the better gloo
+window on (a), >= 1.5x the best mpi4py window on (b), >= 1.5x the better of
+the mpi and torch backends (later runs) on (c). ``--ranks 4`` runs 4 ranks
+(two pairs) in both jobs. Prints the table (CPU model in the header), writes JSON + PNG.
 
-    python bench/python/bench_copy_services.py [--repeats 5] [--cases a,b,c] [--json out.json]
+    python bench/python/bench_copy_services.py [--repeats 5] [--cases a,b,c] [--ranks 2]
+                                               [--backends mpi,shm,torch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE.parents[1] / "bench" / "results" / "copy_services.json"
 TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 5.0, ("b", "torch"): 1.0}
+# shm backend: (case, baseline family) -> target; family "ours" = the best other backend of this project.
+SHM_TARGETS = {("a", "mpi4py"): 4.0, ("a", "gloo"): 20.0, ("b", "mpi4py"): 1.5, ("c", "ours"): 1.5}
 CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
 
 
@@ -68,13 +76,15 @@ def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], s
     return slowest(time.perf_counter() - start) * 1e3
 
 
-def mpi_worker(cases: List[str], repeats: int, out: str) -> None:
+def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_shm: bool) -> None:
     from mpi4py import MPI
 
-    from tensorxfer.resharding.copy_services import MpiCopyService
+    from tensorxfer.resharding.copy_services import MpiCopyService, build_copy_service
+    from tensorxfer.runtime import LocalGroup
 
     comm = MPI.COMM_WORLD
-    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+    rank, peer = comm.Get_rank(), comm.Get_rank() ^ 1
+    group = LocalGroup.from_mpi(comm, timeout=600) if with_shm else None
     results: Dict[str, Dict[str, List[float]]] = {}
     barrier = comm.Barrier
     slowest = lambda seconds: comm.allreduce(seconds, op=MPI.MAX)  # noqa: E731
@@ -84,14 +94,23 @@ def mpi_worker(cases: List[str], repeats: int, out: str) -> None:
         sends = [np.full(n, rank + 1, np.uint8) for n in sizes]
         recvs = [np.zeros(n, np.uint8) for n in sizes]
         samples: Dict[str, List[float]] = {}
-        service = MpiCopyService(timeout=600)
+        # backend name -> (make a new service, the current one or None)
+        makers: Dict[str, Callable[[], object]] = {}
+        if with_mpi:
+            makers["mpi"] = lambda: MpiCopyService(timeout=600)
+        if with_shm:
+            makers["shm"] = lambda: build_copy_service("shm", group=group, timeout=600)
+        services: Dict[str, object] = {}
 
-        def copy_service_step() -> None:
-            for i, tensor in enumerate(sends):
-                service.submit_send(tensor, peer, rank * 1_000_000 + i)
-            for i, tensor in enumerate(recvs):
-                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
-            service.run()
+        def copy_service_step(backend: str) -> Callable[[], None]:
+            def step() -> None:
+                service = services[backend]
+                for i, tensor in enumerate(sends):
+                    service.submit_send(tensor, peer, rank * 1_000_000 + i)
+                for i, tensor in enumerate(recvs):
+                    service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+                service.run()
+            return step
 
         def mpi4py_step(window: int) -> Callable[[], None]:
             def step() -> None:
@@ -107,23 +126,32 @@ def mpi_worker(cases: List[str], repeats: int, out: str) -> None:
         variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
         variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
         for repeat in range(repeats):
-            service.close()
-            service = MpiCopyService(timeout=600)
-            samples.setdefault("tensorxfer mpi (first run)", []).append(timed_step(barrier, slowest, copy_service_step))
-            if repeat == 0:
-                assert all(r[0] == peer + 1 and r[-1] == peer + 1 for r in recvs if r.size), "wrong bytes received"
-            for _ in range(2):
-                samples.setdefault("tensorxfer mpi (repeat)", []).append(timed_step(barrier, slowest, copy_service_step))
+            for backend, make in makers.items():
+                if backend in services:
+                    services.pop(backend).close()
+                services[backend] = make()
+                for r in recvs:
+                    r.fill(0)
+                step = copy_service_step(backend)
+                samples.setdefault(f"tensorxfer {backend} (first run)", []).append(timed_step(barrier, slowest, step))
+                if repeat == 0:
+                    assert all(r[0] == peer + 1 and r[-1] == peer + 1 for r in recvs if r.size), \
+                        f"{backend}: wrong bytes received"
+                for _ in range(2):
+                    samples.setdefault(f"tensorxfer {backend} (repeat)", []).append(timed_step(barrier, slowest, step))
             for name, step in variants.items():
                 samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
-        service.close()
+        for service in services.values():
+            service.close()
         results[case] = samples
         del sends, recvs
+    if group is not None:
+        group.close()
     if rank == 0:
         Path(out).write_text(json.dumps(results))
 
 
-def torch_worker(rank: int, init: str, cases: List[str], repeats: int, out: str) -> None:
+def torch_worker(rank: int, world_size: int, init: str, cases: List[str], repeats: int, out: str) -> None:
     import datetime
 
     import torch
@@ -132,9 +160,9 @@ def torch_worker(rank: int, init: str, cases: List[str], repeats: int, out: str)
     from tensorxfer.resharding.copy_services import TorchDistributedCopyService
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=600))
-    peer = 1 - rank
+    peer = rank ^ 1
     results: Dict[str, Dict[str, List[float]]] = {}
 
     def slowest(seconds: float) -> float:
@@ -195,48 +223,67 @@ def _env() -> dict:
     return env
 
 
-def run_mpi(cases: List[str], repeats: int, work: str) -> Dict:
+def run_mpi(cases: List[str], repeats: int, work: str, ranks: int, backends: List[str]) -> Dict:
     mpirun = Path(sys.executable).with_name("mpirun")
     out = os.path.join(work, "mpi.json")
-    command = [str(mpirun) if mpirun.exists() else "mpirun", "-n", "2", sys.executable, __file__, "--worker", "mpi",
+    oversubscribe = ["--oversubscribe"] if ranks > (os.cpu_count() or 1) else []
+    command = [str(mpirun) if mpirun.exists() else "mpirun", "-n", str(ranks), *oversubscribe, sys.executable,
+               __file__, "--worker", "mpi", "--backends", ",".join(backends),
                "--cases", ",".join(cases), "--repeats", str(repeats), "--out", out]
     subprocess.run(command, env=_env(), check=True)
     return json.loads(Path(out).read_text())
 
 
-def run_torch(cases: List[str], repeats: int, work: str) -> Dict:
+def run_torch(cases: List[str], repeats: int, work: str, ranks: int) -> Dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = os.path.join(work, "torch.json")
     processes = [subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--rank", str(rank),
-                                   "--init", f"tcp://127.0.0.1:{port}", "--cases", ",".join(cases),
-                                   "--repeats", str(repeats), "--out", out], env=_env()) for rank in range(2)]
+                                   "--ranks", str(ranks), "--init", f"tcp://127.0.0.1:{port}", "--cases", ",".join(cases),
+                                   "--repeats", str(repeats), "--out", out], env=_env()) for rank in range(ranks)]
     for process in processes:
         if process.wait() != 0:
             raise SystemExit(f"torch worker failed with exit code {process.returncode}")
     return json.loads(Path(out).read_text())
 
 
-def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict):
+def _fastest(report, name: str, variants: List[str]) -> str:
+    """The variant of ``variants`` with the lowest median time (case ``name``)."""
+    return min(variants, key=lambda v: report.find(name, v, "time").value)
+
+
+def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict, ranks: int = 2):
     sys.path.insert(0, str(HERE))
     from _report import Report
 
-    report = Report("copy services: 2 ranks, each way (ms per step, slower rank)",
-                    {"cases": {c: CASE_NAMES[c] for c in cases}, "repeats": repeats,
+    report = Report(f"copy services: {ranks} ranks in pairs, each way (ms per step, slowest rank)",
+                    {"cases": {c: CASE_NAMES[c] for c in cases}, "repeats": repeats, "ranks": ranks,
                      "bytes_each_way": {c: sum(case_sizes(c)) for c in cases}})
-    for backend, results, ours, prefix in (("mpi", mpi, "tensorxfer mpi", "mpi4py"),
-                                           ("torch", torch_results, "tensorxfer torch", "gloo")):
+    for results in (mpi, torch_results):
         for case in cases:
-            if case not in results:
+            for variant, samples in results.get(case, {}).items():
+                report.add(CASE_NAMES[case], variant, "time", samples, "ms", lower_is_better=True)
+    for case in cases:
+        name = CASE_NAMES[case]
+        variants = list(mpi.get(case, {})) + list(torch_results.get(case, {}))
+        families = {prefix: [v for v in variants if v.startswith(prefix)] for prefix in ("mpi4py", "gloo")}
+        for backend, prefix in (("mpi", "mpi4py"), ("torch", "gloo")):
+            ours = f"tensorxfer {backend}"
+            if f"{ours} (repeat)" not in variants or not families[prefix]:
                 continue
-            name = CASE_NAMES[case]
-            for variant, samples in results[case].items():
-                report.add(name, variant, "time", samples, "ms", lower_is_better=True)
-            baselines = {v: report.find(name, v, "time").value for v in results[case] if v.startswith(prefix)}
-            best = min(baselines, key=baselines.get)
+            best = _fastest(report, name, families[prefix])
             report.compare(name, "time", f"{ours} (repeat)", best, TARGETS.get((case, backend)))
             report.compare(name, "time", f"{ours} (first run)", best)
+        if "tensorxfer shm (repeat)" not in variants:
+            continue
+        families["ours"] = [f"tensorxfer {b} (repeat)" for b in ("mpi", "torch") if f"tensorxfer {b} (repeat)" in variants]
+        for family in ("mpi4py", "gloo", "ours"):
+            if not families[family]:
+                continue
+            best = _fastest(report, name, families[family])
+            report.compare(name, "time", "tensorxfer shm (repeat)", best, SHM_TARGETS.get((case, family)))
+            report.compare(name, "time", "tensorxfer shm (first run)", best)
     return report
 
 
@@ -244,7 +291,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="a,b,c")
-    parser.add_argument("--backends", default="mpi,torch")
+    parser.add_argument("--backends", default="mpi,shm,torch",
+                        help="comma-separated: mpi and shm run in one mpirun job, torch in spawned gloo ranks")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks per job, an even number (partners are rank ^ 1)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--worker", choices=["mpi", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -255,15 +304,21 @@ def main() -> None:
     for case in cases:
         if case not in CASE_NAMES:
             parser.error(f"--cases: expected letters from {sorted(CASE_NAMES)}, got {case!r}")
+    if args.ranks < 2 or args.ranks % 2:
+        parser.error(f"--ranks: expected an even number >= 2, got {args.ranks}")
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
+        if backend not in ("mpi", "shm", "torch"):
+            parser.error(f"--backends: expected names from ['mpi', 'shm', 'torch'], got {backend!r}")
     if args.worker == "mpi":
-        return mpi_worker(cases, args.repeats, args.out)
+        return mpi_worker(cases, args.repeats, args.out, "mpi" in backends, "shm" in backends)
     if args.worker == "torch":
-        return torch_worker(args.rank, args.init, cases, args.repeats, args.out)
-    backends = args.backends.split(",")
+        return torch_worker(args.rank, args.ranks, args.init, cases, args.repeats, args.out)
+    in_mpi_job = [b for b in backends if b in ("mpi", "shm")]
     with tempfile.TemporaryDirectory(prefix="bench-copy-services-") as work:
-        mpi = run_mpi(cases, args.repeats, work) if "mpi" in backends else {}
-        torch_results = run_torch(cases, args.repeats, work) if "torch" in backends else {}
-    report = build_report(cases, args.repeats, mpi, torch_results)
+        mpi = run_mpi(cases, args.repeats, work, args.ranks, in_mpi_job) if in_mpi_job else {}
+        torch_results = run_torch(cases, args.repeats, work, args.ranks) if "torch" in backends else {}
+    report = build_report(cases, args.repeats, mpi, torch_results, args.ranks)
     from tensorxfer.benchmarks.report import machine_info
 
     print(f"CPU: {machine_info().get('cpu_model')}  ({os.cpu_count()} CPUs)")
