@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import tensorxfer
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "bench" / "python" / "bench_collectives.py"
 
@@ -29,7 +31,10 @@ def test_bench_collectives_quick_writes_table_json_and_png(tmp_path):
     if importlib.util.find_spec("torch") is not None:
         variants.append("gloo")
     env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    # The bench must import the tensorxfer under test (installed in CI, the source tree in a
+    # developer build), not whatever python/ holds.
+    package_root = str(Path(tensorxfer.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--ranks", "2", "--sizes", "1K", "8K", "--repeats", "2", "--quick",
          "--variants", *variants, "--out", str(tmp_path)],
