@@ -13,22 +13,19 @@
 
 namespace tensorxfer::resharding {
 
-// One side of a task as declared by the rank that holds it. A send is
-// declared by src_rank, a receive by dest_rank; both name the same task_id.
-struct TaskEndpoint {
+// A task: task_id moves nbytes from src_rank to dest_rank.
+struct TransferTask {
   uint64_t task_id = 0;
   uint64_t nbytes = 0;
   int32_t src_rank = 0;
   int32_t dest_rank = 0;
 };
 
-// A task both sides agree on: task_id moves nbytes from src_rank to dest_rank.
-struct MatchedTask {
-  uint64_t task_id = 0;
-  uint64_t nbytes = 0;
-  int32_t src_rank = 0;
-  int32_t dest_rank = 0;
-};
+// One side of a task as declared by the rank that holds it: a send is
+// declared by src_rank, a receive by dest_rank; both name the same task_id.
+using TaskEndpoint = TransferTask;
+// A task both sides agree on (task_matcher.h).
+using MatchedTask = TransferTask;
 
 // A contiguous piece of a task: bytes [task_offset, task_offset + nbytes) of
 // the task travel at slot_offset of the batch's slot.
