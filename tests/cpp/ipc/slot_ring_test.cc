@@ -35,24 +35,7 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
 
 
 // A pipe for one-way notes between a parent and a forked child.
-struct Pipe {
-  Pipe() { EXPECT_EQ(::pipe(fds), 0); }
-  ~Pipe() {
-    ::close(fds[0]);
-    ::close(fds[1]);
-  }
-  void send(const std::string& text) const {
-    char buffer[128] = {};
-    std::strncpy(buffer, text.c_str(), sizeof(buffer) - 1);
-    (void)!::write(fds[1], buffer, sizeof(buffer));
-  }
-  std::string receive() const {
-    char buffer[128] = {};
-    if (::read(fds[0], buffer, sizeof(buffer)) != static_cast<ssize_t>(sizeof(buffer))) return "";
-    return buffer;
-  }
-  int fds[2];
-};
+using Pipe = testing::NotePipe;
 
 TEST(SlotRingTest, CreateValidatesItsArguments) {
   EXPECT_THROW(SlotRing::create(0, 64), InvalidArgument);
