@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from unified_memory_helpers import reset_compile_state
 
 from tensorxfer import _core
 from tensorxfer.inference import unified_memory as um
@@ -20,16 +21,7 @@ from tensorxfer.inference import unified_memory as um
 @pytest.fixture
 def fresh_compile_state(monkeypatch):
     """Run a test against UNATTEMPTED module state; the real state is restored afterwards."""
-    for name, value in [
-        ("_compilation_state", um.CompilationState.UNATTEMPTED),
-        ("_alloc", None),
-        ("_mod", None),
-        ("_so_path", None),
-        ("_compilation_error", None),
-        ("_compilation_timed_out", False),
-        ("_background_compile", None),
-    ]:
-        monkeypatch.setattr(um, name, value)
+    reset_compile_state(monkeypatch)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     return monkeypatch
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from unified_memory_helpers import PAGE, gpu_status, numa_policy, page_count, resident_pages
+from unified_memory_helpers import PAGE, gpu_status, numa_policy, page_count, reset_compile_state, resident_pages
 
 import tensorxfer
 from tensorxfer import _core
@@ -39,16 +39,7 @@ REFERENCE_DATA = ["_compilation_state", "_alloc", "_mod", "_so_path", "_ctypes_l
 @pytest.fixture
 def fresh_compile_state(monkeypatch):
     """Run a test against UNATTEMPTED module state; the real state is restored afterwards."""
-    for name, value in [
-        ("_compilation_state", um.CompilationState.UNATTEMPTED),
-        ("_alloc", None),
-        ("_mod", None),
-        ("_so_path", None),
-        ("_compilation_error", None),
-        ("_compilation_timed_out", False),
-        ("_background_compile", None),
-    ]:
-        monkeypatch.setattr(um, name, value)
+    reset_compile_state(monkeypatch)
     return monkeypatch
 
 

@@ -44,3 +44,20 @@ def mapping_containing(address: int) -> Optional[str]:
             if begin <= address < end:
                 return line.strip()
     return None
+
+
+def reset_compile_state(monkeypatch: Any) -> None:
+    """Puts tensorxfer.inference.unified_memory back to UNATTEMPTED through
+    `monkeypatch`, so the real state is restored after the test."""
+    from tensorxfer.inference import unified_memory as um
+
+    for name, value in [
+        ("_compilation_state", um.CompilationState.UNATTEMPTED),
+        ("_alloc", None),
+        ("_mod", None),
+        ("_so_path", None),
+        ("_compilation_error", None),
+        ("_compilation_timed_out", False),
+        ("_background_compile", None),
+    ]:
+        monkeypatch.setattr(um, name, value)

@@ -52,6 +52,17 @@ class FileGroup:
         self.all_gather_bytes(b"", timeout=timeout)
 
 
+def reap(processes: Sequence[Any], queue: Any) -> None:
+    """Joins spawned ranks (killing any still alive after 10 s) and closes their queue."""
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    queue.close()
+    queue.join_thread()
+
+
 def run_spawned(world: int, target: Callable[..., Any], args: tuple, directory: str, timeout: float = 90.0) -> list:
     """Runs target(group, queue, *args) on `world` spawned ranks; returns what each put on the queue, by rank.
 
@@ -71,13 +82,7 @@ def run_spawned(world: int, target: Callable[..., Any], args: tuple, directory: 
             rank, value = queue.get(timeout=max(0.1, deadline - time.monotonic()))
             results[rank] = value
     finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        queue.close()
-        queue.join_thread()
+        reap(processes, queue)
     errors = [value[1] for value in results.values() if isinstance(value, tuple) and value[:1] == ("error",)]
     assert not errors, "a rank failed:\n" + "\n".join(errors)
     return [results[rank] for rank in range(world)]

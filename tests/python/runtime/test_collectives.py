@@ -85,13 +85,7 @@ def test_sigkilled_rank_makes_the_others_raise_peer_lost_within_their_timeout(tm
         os.kill(processes[victim].pid, signal.SIGKILL)
         results = dict(queue.get(timeout=timeout + 10) for _ in range(world - 1))
     finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        queue.close()
-        queue.join_thread()
+        workers.reap(processes, queue)
     assert processes[victim].exitcode == -signal.SIGKILL
     for rank in range(world):
         if rank == victim:
@@ -248,13 +242,7 @@ def test_communicator_on_a_joined_local_group(tmp_path):
     try:
         results = dict(queue.get(timeout=90) for _ in range(world))
     finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        queue.close()
-        queue.join_thread()
+        workers.reap(processes, queue)
     errors = [value for value in results.values() if isinstance(value, tuple)]
     assert not errors, errors
     assert len(set(results.values())) == 1
