@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
-from tensorxfer.resharding.copy_services import TaskMismatchError
+from tensorxfer.resharding.copy_services import RecvOp, SendOp, TaskMismatchError
 
 SCENARIOS: Dict[str, Callable] = {}
 
@@ -238,6 +238,42 @@ def untagged_remote_ops_match_in_order(service, rank, world, size):
             expected.append((dst, pattern(peer * 100 + rank * 10 + index, nbytes), index))
     service.run()
     check(expected)
+
+
+class _TaggedArray(np.ndarray):
+    """An ndarray subclass (as np.memmap is): moved like any ndarray."""
+
+
+@scenario
+def ndarray_subclasses_and_numpy_integer_arguments(service, rank, world, size):
+    expected = []
+    for peer in range(world):
+        for index, nbytes in enumerate([24, 200_000]):  # packed and single
+            out_id = task_id(rank, peer, index, world, 12_000_000_000)
+            in_id = task_id(peer, rank, index, world, 12_000_000_000)
+            service.submit_send(pattern(out_id, nbytes).view(_TaggedArray), np.int32(peer), np.int64(out_id))
+            dst = np.zeros(nbytes, np.uint8).view(_TaggedArray)
+            service.submit_recv(dst, np.int64(peer), np.uint64(in_id))
+            expected.append((dst, pattern(in_id, nbytes), in_id))
+    service.run()
+    check(expected)
+
+
+@scenario
+def queued_ops_read_before_run(service, rank, world, size):
+    """send_ops / recv_ops read mid-step are SendOp / RecvOp lists; later submits land in them."""
+    first = exchange(service, rank, world, [16, 300_000], base=13_000_000_000)
+    sends, recvs = service.send_ops, service.recv_ops
+    assert all(type(op) is SendOp for op in sends) and all(type(op) is RecvOp for op in recvs)
+    assert [op.dest_rank for op in sends] == [peer for peer in range(world) for _ in range(2)]
+    assert [op.task_id for op in recvs] == [tid for _, _, tid in first]
+    assert all(op.tensor is dst for op, (dst, _, _) in zip(recvs, first))
+    second = exchange(service, rank, world, [40], base=14_000_000_000)
+    assert service.send_ops is sends and len(sends) == 3 * world and type(sends[-1]) is SendOp
+    assert service.recv_ops is recvs and recvs[-1].tensor is second[-1][0]
+    service.run()
+    check(first + second)
+    assert not service.send_ops and not service.recv_ops
 
 
 # ---- errors ----------------------------------------------------------------------

@@ -28,14 +28,10 @@ from tensorxfer.errors import PeerLostError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _planning, _tensors
 from tensorxfer.resharding.copy_services._liveness import PeerWatch, own_identity
+from tensorxfer.resharding.copy_services._queue import Columns, QueuedCopyService
 from tensorxfer.resharding.copy_services.base import (
     DEFAULT_TIMEOUT,
-    CopyService,
-    RecvOp,
-    SendOp,
     TaskMismatchError,
-    check_rank,
-    check_task_id,
     check_timeout,
     match_local_ops_by_task_id,
 )
@@ -59,7 +55,7 @@ def _positive(value: Any, argument: str) -> int:
     return int(value)
 
 
-class BatchedCopyService(CopyService):
+class BatchedCopyService(QueuedCopyService):
     """Base of the multi-process backends: windows, coalescing, size agreement, plan reuse.
 
     ``timeout``: seconds a run waits for its peers (None = forever, still
@@ -67,8 +63,6 @@ class BatchedCopyService(CopyService):
     ``max_window_bytes`` bound a window; tasks under ``coalesce_bytes`` are
     packed per peer and window into one message.
     """
-
-    host_only = True  # the transport moves host memory only
 
     def __init__(
         self,
@@ -88,6 +82,9 @@ class BatchedCopyService(CopyService):
         self._plan: Optional[_planning.Plan] = None
         self._broken: Optional[str] = None
         self._watch: Optional[PeerWatch] = None
+        self._identities: Optional[List[bytes]] = None  # the ranks' identities self._watch was built from
+        # This rank's last op tables and their digest: an unchanged pattern is not hashed again.
+        self._last_tables: Optional[Tuple[np.ndarray, np.ndarray, bytes]] = None
         self.plans_built = 0  # how many runs had to build their plan (the rest reused one)
 
     # ---- transport (subclasses) -------------------------------------------------
@@ -115,35 +112,10 @@ class BatchedCopyService(CopyService):
     def _abandon(self, requests: List[Any]) -> None:
         """Best-effort cancellation of requests left pending by a failed run."""
 
-    # ---- submission ----------------------------------------------------------------
-    # Submits only check their arguments (the per-op cost of a step of 10,000
-    # tensors); addresses and sizes are read in bulk, natively, by run().
-
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
-        if self._closed:
-            self._check_open("submit_send")
-        tensor = _tensors.normalize_fast(src_tensor, "src_tensor", False, self.host_only, self.backend_name)
-        if type(dest_rank) is not int or not 0 <= dest_rank < self._world:
-            dest_rank = check_rank(dest_rank, self._world, "dest_rank")
-        if task_id is not None and (type(task_id) is not int or not -(2**63) <= task_id < 2**63):
-            task_id = check_task_id(task_id)
-        self.send_ops.append(SendOp(task_id, tensor, dest_rank))
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
-        if self._closed:
-            self._check_open("submit_recv")
-        tensor = _tensors.normalize_fast(dest_tensor, "dest_tensor", True, self.host_only, self.backend_name)
-        if type(src_rank) is not int or not 0 <= src_rank < self._world:
-            src_rank = check_rank(src_rank, self._world, "src_rank")
-        if task_id is not None and (type(task_id) is not int or not -(2**63) <= task_id < 2**63):
-            task_id = check_task_id(task_id)
-        self.recv_ops.append(RecvOp(task_id, tensor, src_rank))
-
     def close(self) -> None:
         """Release staging buffers and plans; later calls raise RuntimeError."""
         self._plan = None
+        self._last_tables = None
         super().close()
 
     # ---- run ------------------------------------------------------------------------
@@ -161,7 +133,7 @@ class BatchedCopyService(CopyService):
             raise RuntimeError(f"{self.backend_name}.run(): an earlier run failed ({self._broken}); close this service")
         timeout = self.timeout if timeout is _UNSET else check_timeout(timeout, f"{self.backend_name}.run")
         deadline = None if timeout is None else time.monotonic() + timeout
-        sends, recvs = self._take_ops()
+        sends, recvs = self._take_columns()
         try:
             self._run(sends, recvs, deadline, timeout)
         except (TimeoutError, PeerLostError, KeyboardInterrupt) as error:
@@ -169,43 +141,46 @@ class BatchedCopyService(CopyService):
             self._broken = f"{type(error).__name__}: {error}"
             raise
 
-    def _run(self, sends: List[SendOp], recvs: List[RecvOp], deadline: Optional[float],
-             timeout: Optional[float]) -> None:
+    def _run(self, sends: Columns, recvs: Columns, deadline: Optional[float], timeout: Optional[float]) -> None:
         me = self.rank
-        send_spans = _tensors.describe_many([op.tensor for op in sends])
-        recv_spans = _tensors.describe_many([op.tensor for op in recvs])
-        send_peers = np.fromiter((op.dest_rank for op in sends), np.int64, len(sends))
-        recv_peers = np.fromiter((op.src_rank for op in recvs), np.int64, len(recvs))
-        local_sends = [_LocalOp(sends[i].task_id, int(i)) for i in np.flatnonzero(send_peers == me)]
-        local_recvs = [_LocalOp(recvs[i].task_id, int(i)) for i in np.flatnonzero(recv_peers == me)]
+        send_ids, send_tensors, send_ranks = sends
+        recv_ids, recv_tensors, recv_ranks = recvs
+        send_spans = _tensors.describe_many(send_tensors)
+        recv_spans = _tensors.describe_many(recv_tensors)
+        send_peers = np.fromiter(send_ranks, np.int64, len(send_ranks))
+        recv_peers = np.fromiter(recv_ranks, np.int64, len(recv_ranks))
+        local_sends = np.flatnonzero(send_peers == me)
+        local_recvs = np.flatnonzero(recv_peers == me)
         local_error: Optional[Exception] = None
-        pairs: List[Tuple[_LocalOp, _LocalOp]] = []
-        try:
-            pairs = match_local_ops_by_task_id(local_sends, local_recvs, self.backend_name, me)
-            for send, recv in pairs:
-                sent, received = int(send_spans.nbytes[send.index]), int(recv_spans.nbytes[recv.index])
-                if sent != received:
-                    raise TaskMismatchError(
-                        f"{self.backend_name}: size mismatch for task_id={send.task_id} on rank {me}: "
-                        f"the local send has {sent} bytes, the local recv {received} bytes"
-                    )
-        except RuntimeError as error:
-            local_error = error
+        pairs = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if local_sends.size or local_recvs.size:
+            try:
+                pairs = self._match_local(send_ids, local_sends, send_spans, recv_ids, local_recvs, recv_spans)
+            except RuntimeError as error:
+                local_error = error
         remote_sends = np.flatnonzero(send_peers != me)
         remote_recvs = np.flatnonzero(recv_peers != me)
-        if remote_sends.size == len(sends):
-            send_ids = [op.task_id for op in sends]
+        # The remote ops: the whole queue (the common case, no copies) or a subset.
+        if remote_sends.size != len(send_ids):
+            send_ids = [send_ids[i] for i in remote_sends]
+            send_tensors = [send_tensors[i] for i in remote_sends]
+            send_spans_remote = _subset(send_spans, remote_sends)
         else:
-            send_ids = [sends[i].task_id for i in remote_sends]
-        if remote_recvs.size == len(recvs):
-            recv_ids = [op.task_id for op in recvs]
+            send_spans_remote = send_spans
+        if remote_recvs.size != len(recv_ids):
+            recv_ids = [recv_ids[i] for i in remote_recvs]
+            recv_tensors = [recv_tensors[i] for i in remote_recvs]
+            recv_spans_remote = _subset(recv_spans, remote_recvs)
         else:
-            recv_ids = [recvs[i].task_id for i in remote_recvs]
-        send_table = _planning.op_table(send_ids, np.full(remote_sends.size, me), send_peers[remote_sends],
-                                        send_spans.nbytes[remote_sends])
-        recv_table = _planning.op_table(recv_ids, recv_peers[remote_recvs], np.full(remote_recvs.size, me),
-                                        recv_spans.nbytes[remote_recvs])
-        digest = _planning.digest(send_table, recv_table)
+            recv_spans_remote = recv_spans
+        send_table = _planning.op_table(send_ids, me, send_peers[remote_sends], send_spans_remote.nbytes)
+        recv_table = _planning.op_table(recv_ids, recv_peers[remote_recvs], me, recv_spans_remote.nbytes)
+        last = self._last_tables
+        if last is not None and np.array_equal(last[0], send_table) and np.array_equal(last[1], recv_table):
+            digest = last[2]
+        else:
+            digest = _planning.digest(send_table, recv_table)
+            self._last_tables = (send_table, recv_table, digest)
 
         # One small all-gather per run: digests, identities, errors.
         identity = own_identity()
@@ -218,7 +193,9 @@ class BatchedCopyService(CopyService):
             digests.append(bytes(data[:16]))
             identities.append(bytes(data[20:20 + length]))
             errors.append(bytes(data[20 + length:]).decode(errors="replace"))
-        self._watch = PeerWatch(identities)
+        if identities != self._identities:
+            self._watch = PeerWatch(identities)
+            self._identities = identities
         if local_error is not None:
             raise local_error
         failed = [(rank, text) for rank, text in enumerate(errors) if text]
@@ -235,10 +212,30 @@ class BatchedCopyService(CopyService):
             self._plan = plan
             self.plans_built += 1
 
-        self._copy_local(pairs, sends, recvs, send_spans, recv_spans)
+        if pairs[0].size:
+            self._copy_local(pairs, sends[1], recvs[1], send_spans, recv_spans)
         if plan.windows:
-            self._execute(plan, [sends[i] for i in remote_sends], _subset(send_spans, remote_sends),
-                          [recvs[i] for i in remote_recvs], _subset(recv_spans, remote_recvs), deadline, timeout)
+            self._execute(plan, send_tensors, send_spans_remote, recv_tensors, recv_spans_remote, deadline, timeout)
+
+    def _match_local(self, send_ids: Sequence[Optional[int]], local_sends: np.ndarray, send_spans: _tensors.Spans,
+                     recv_ids: Sequence[Optional[int]], local_recvs: np.ndarray,
+                     recv_spans: _tensors.Spans) -> Tuple[np.ndarray, np.ndarray]:
+        """The same-rank pairs, as (send rows, receive rows) in receive order; RuntimeError
+        (match_local_ops_by_task_id's, or TaskMismatchError for sizes) if they do not pair up."""
+        me = self.rank
+        pairs = match_local_ops_by_task_id([_LocalOp(send_ids[i], int(i)) for i in local_sends],
+                                           [_LocalOp(recv_ids[i], int(i)) for i in local_recvs], self.backend_name, me)
+        send_rows = np.fromiter((send.index for send, _ in pairs), np.int64, len(pairs))
+        recv_rows = np.fromiter((recv.index for _, recv in pairs), np.int64, len(pairs))
+        differ = np.flatnonzero(send_spans.nbytes[send_rows] != recv_spans.nbytes[recv_rows])
+        if differ.size:
+            first = int(differ[0])
+            sent, received = int(send_spans.nbytes[send_rows[first]]), int(recv_spans.nbytes[recv_rows[first]])
+            raise TaskMismatchError(
+                f"{self.backend_name}: size mismatch for task_id={pairs[first][0].task_id} on rank {me}: "
+                f"the local send has {sent} bytes, the local recv {received} bytes"
+            )
+        return send_rows, recv_rows
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
         """This rank's plan from every rank's op tables; ``.windows`` is empty when it
@@ -258,23 +255,20 @@ class BatchedCopyService(CopyService):
 
     # ---- local copies -----------------------------------------------------------------
 
-    def _copy_local(self, pairs: List[Tuple[_LocalOp, _LocalOp]], sends: List[SendOp], recvs: List[RecvOp],
-                    send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
-        fast_src: List[int] = []
-        fast_dst: List[int] = []
-        fast_nbytes: List[int] = []
-        for send, recv in pairs:
-            i, j = send.index, recv.index
-            if send_spans.nbytes[i] == 0:
-                continue
-            if send_spans.contiguous[i] and recv_spans.contiguous[j] and send_spans.host[i] and recv_spans.host[j]:
-                fast_src.append(send_spans.address[i])
-                fast_dst.append(recv_spans.address[j])
-                fast_nbytes.append(send_spans.nbytes[i])
-            else:
-                _tensors.copy_bytes_into(recvs[j].tensor, _tensors.contiguous(sends[i].tensor))
-        if fast_nbytes:
-            _tensors.copy_host_spans(fast_src, fast_dst, fast_nbytes)
+    def _copy_local(self, pairs: Tuple[np.ndarray, np.ndarray], send_tensors: Sequence[Any],
+                    recv_tensors: Sequence[Any], send_spans: _tensors.Spans, recv_spans: _tensors.Spans) -> None:
+        """Copies each same-rank pair (send row, receive row): natively when both are
+        contiguous host tensors, else through numpy / torch."""
+        sources, targets = pairs
+        moving = send_spans.nbytes[sources] != 0
+        direct = (moving & send_spans.contiguous[sources] & recv_spans.contiguous[targets]
+                  & send_spans.host[sources] & recv_spans.host[targets])
+        for k in np.flatnonzero(moving & ~direct):
+            i, j = int(sources[k]), int(targets[k])
+            _tensors.copy_bytes_into(recv_tensors[j], _tensors.contiguous(send_tensors[i]))
+        if direct.any():
+            _tensors.copy_host_spans(send_spans.address[sources[direct]], recv_spans.address[targets[direct]],
+                                     send_spans.nbytes[sources[direct]])
 
     # ---- remote windows -----------------------------------------------------------------
 
@@ -286,19 +280,20 @@ class BatchedCopyService(CopyService):
             plan.staging[key] = buffer
         return buffer
 
-    def _execute(self, plan: _planning.Plan, send_ops: List[SendOp], send_spans: _tensors.Spans,
-                 recv_ops: List[RecvOp], recv_spans: _tensors.Spans, deadline: Optional[float],
+    def _execute(self, plan: _planning.Plan, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
+                 recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
                  timeout: Optional[float]) -> None:
+        """Moves the remote ops (tensors and spans in the order of the plan's local indices)."""
         engine = default_copy_engine()
         # Sources as they are now (after the caller's writes): non-contiguous ones copied once.
-        send_objects = [op.tensor for op in send_ops]
+        send_objects = list(send_tensors)
         send_addresses = send_spans.address.copy()
         for i in np.flatnonzero(~send_spans.contiguous):
             send_objects[i] = _tensors.contiguous(send_objects[i])
             send_addresses[i] = _tensors.describe(send_objects[i]).address
         # Destinations as the transport and the unpacker see them: non-contiguous ones
         # are received into contiguous staging, copied back after the last window.
-        recv_targets = [op.tensor for op in recv_ops]
+        recv_targets = list(recv_tensors)
         recv_addresses = recv_spans.address.copy()
         copy_back: List[Tuple[Any, Any]] = []
         for i in np.flatnonzero(~recv_spans.contiguous):
@@ -315,7 +310,7 @@ class BatchedCopyService(CopyService):
             for message in window.recvs_packed:
                 if message.tag < 0:
                     continue
-                like = recv_ops[int(message.local_indices[0])].tensor
+                like = recv_tensors[int(message.local_indices[0])]
                 buffer = self._staging(plan, "recv", message.peer, plan.max_recv_packed[message.peer], like)
                 posted_recvs.append((message.peer, message.tag, buffer, _tensors.describe(buffer).address, message.total))
                 after.append((message, buffer))

@@ -48,10 +48,12 @@ def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any,
     table[:, DST] = destinations
     table[:, NBYTES] = nbytes
     table[:, LOCAL_INDEX] = np.arange(count)
-    anonymous = [i for i, task_id in enumerate(task_ids) if task_id is None]
-    if not anonymous:
-        table[:, KEY_A] = cast(Sequence[int], task_ids)
+    try:
+        table[:, KEY_A] = np.fromiter(cast(Sequence[int], task_ids), np.int64, count)
         return table
+    except TypeError:  # some ops are untagged (task_id=None)
+        pass
+    anonymous = [i for i, task_id in enumerate(task_ids) if task_id is None]
     named = [i for i, task_id in enumerate(task_ids) if task_id is not None]
     table[named, KEY_A] = [cast(int, task_ids[i]) for i in named]
     next_index: Dict[Tuple[int, int], int] = {}

@@ -36,18 +36,28 @@ def is_torch(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+class _NoTensorYet:
+    """Stands for torch.Tensor until torch is seen (nothing has this type)."""
+
+
+#: torch.Tensor once a submit met torch, for the queue's one-test fast path.
+torch_tensor_type: type = _NoTensorYet
+
+
 def normalize_fast(obj: Any, argument: str, writable: bool, host_only: bool, backend: str) -> Any:
     """normalize() plus the host check, with a fast path for the common cases
     (a writable numpy array, a CPU torch tensor)."""
-    if type(obj) is np.ndarray:
+    global torch_tensor_type
+    if type(obj) is not np.ndarray and not is_torch(obj):
+        obj = normalize(obj, argument, writable)  # ndarray subclasses come back as they are
+    if isinstance(obj, np.ndarray):
         if (writable and not obj.flags.writeable) or obj.dtype.hasobject:
-            return normalize(obj, argument, writable)
+            return normalize(obj, argument, writable)  # raises, naming the argument
         return obj
-    if is_torch(obj):
-        if host_only and not obj.is_cpu:
-            raise ValueError(f"{argument}: {backend} moves host (cpu) tensors only, got one on {obj.device}")
-        return obj
-    return normalize_fast(normalize(obj, argument, writable), argument, writable, host_only, backend)
+    torch_tensor_type = _torch().Tensor
+    if host_only and not obj.is_cpu:
+        raise ValueError(f"{argument}: {backend} moves host (cpu) tensors only, got one on {obj.device}")
+    return obj
 
 
 def normalize(obj: Any, argument: str, writable: bool) -> Any:

@@ -214,16 +214,17 @@ class ShmCopyService(BatchedCopyService):
 
     # ---- execution ----------------------------------------------------------------------
 
-    def _execute(self, plan: Any, send_ops: List[Any], send_spans: _tensors.Spans, recv_ops: List[Any],
-                 recv_spans: _tensors.Spans, deadline: Optional[float], timeout: Optional[float]) -> None:
+    def _execute(self, plan: Any, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
+                 recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
+                 timeout: Optional[float]) -> None:
         # Sources as they are now (non-contiguous ones copied once); destinations as
         # the copies see them (non-contiguous ones staged, copied back at the end).
-        send_objects = [op.tensor for op in send_ops]
+        send_objects = list(send_tensors)
         send_addresses = send_spans.address.astype(np.uint64)
         for i in np.flatnonzero(~send_spans.contiguous):
             send_objects[i] = _tensors.contiguous(send_objects[i])
             send_addresses[i] = _tensors.describe(send_objects[i]).address
-        recv_targets = [op.tensor for op in recv_ops]
+        recv_targets = list(recv_tensors)
         recv_addresses = recv_spans.address.astype(np.uint64)
         copy_back = []
         for i in np.flatnonzero(~recv_spans.contiguous):
