@@ -1,9 +1,11 @@
 """The run() shared by the backends that move bytes between processes (private).
 
 A run: (1) same-rank pairs are matched (match_local_ops_by_task_id) and byte
-sizes checked; (2) every rank all-gathers a digest of its remote ops, its
-identity and its local error if any, so an error on one rank raises on all of
-them before any byte moves; (3) when every digest equals the cached plan's,
+sizes checked; (2) every rank all-gathers a digest of its remote ops and the
+length of its local error if any (24 bytes: one fixed-size step; the error
+texts follow only when a rank has one, the ranks' identities only in the
+first run), so an error on one rank raises on all of them before any byte
+moves; (3) when every digest equals the cached plan's,
 the plan (windows, messages, staging buffers) is reused, else all ranks
 all-gather their op tables and build it (see _planning); (4) local copies;
 (5) windows one after the other: post receives, pack small tasks per peer
@@ -90,10 +92,11 @@ class BatchedCopyService(QueuedCopyService):
     # ---- transport (subclasses) -------------------------------------------------
 
     @abc.abstractmethod
-    def _start_all_gather(self, data: bytes) -> Tuple[List[Any], Callable[[], List[bytes]]]:
+    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
         """Starts gathering every rank's ``data``: (requests to wait on, a function
         returning the list of bytes by rank once they completed). May take
-        several steps: the function may return further requests (see _all_gather)."""
+        several steps: the function may return further requests (see _all_gather).
+        ``fixed``: every rank passes as many bytes (one step is enough)."""
 
     @abc.abstractmethod
     def _new_staging(self, nbytes: int, like: Any) -> Any:
@@ -182,26 +185,7 @@ class BatchedCopyService(QueuedCopyService):
             digest = _planning.digest(send_table, recv_table)
             self._last_tables = (send_table, recv_table, digest)
 
-        # One small all-gather per run: digests, identities, errors.
-        identity = own_identity()
-        message = b"" if local_error is None else str(local_error).encode()
-        payload = digest + struct.pack("<I", len(identity)) + identity + message
-        gathered = self._all_gather(payload, deadline, timeout)
-        digests, identities, errors = [], [], []
-        for data in gathered:
-            (length,) = struct.unpack_from("<I", data, 16)
-            digests.append(bytes(data[:16]))
-            identities.append(bytes(data[20:20 + length]))
-            errors.append(bytes(data[20 + length:]).decode(errors="replace"))
-        if identities != self._identities:
-            self._watch = PeerWatch(identities)
-            self._identities = identities
-        if local_error is not None:
-            raise local_error
-        failed = [(rank, text) for rank, text in enumerate(errors) if text]
-        if failed:
-            rank, text = failed[0]
-            raise TaskMismatchError(f"{self.backend_name}: rank {rank} rejected the batch: {text}")
+        digests = self._agree(digest, local_error, deadline, timeout)
 
         plan = self._plan
         if plan is None or plan.digests != digests:
@@ -243,8 +227,39 @@ class BatchedCopyService(QueuedCopyService):
         return _planning.build_plan(self.backend_name, self.rank, tables, digests, self.max_window_tasks,
                                     self.max_window_bytes, self.coalesce_bytes)
 
-    def _all_gather(self, data: bytes, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        requests, finish = self._start_all_gather(data)
+    def _agree(self, digest: bytes, local_error: Optional[Exception], deadline: Optional[float],
+               timeout: Optional[float]) -> List[bytes]:
+        """Every rank's digest; raises this rank's local error, or TaskMismatchError naming
+        the first rank that rejected the batch, on every rank alike."""
+        message = b"" if local_error is None else str(local_error).encode()
+        if self._identities is None:  # the first run: identities too, for the PeerWatch
+            identity = own_identity()
+            payload = digest + struct.pack("<I", len(identity)) + identity + message
+            digests, identities, errors = [], [], []
+            for data in self._all_gather(payload, deadline, timeout):
+                (length,) = struct.unpack_from("<I", data, 16)
+                digests.append(bytes(data[:16]))
+                identities.append(bytes(data[20:20 + length]))
+                errors.append(bytes(data[20 + length:]).decode(errors="replace"))
+            self._watch = PeerWatch(identities)
+            self._identities = identities
+        else:
+            records = self._all_gather(digest + struct.pack("<Q", len(message)), deadline, timeout, fixed=True)
+            digests = [bytes(record[:16]) for record in records]
+            errors = [""] * len(records)
+            if any(struct.unpack_from("<Q", record, 16)[0] for record in records):
+                errors = [bytes(data).decode(errors="replace") for data in self._all_gather(message, deadline, timeout)]
+        if local_error is not None:
+            raise local_error
+        failed = [(rank, text) for rank, text in enumerate(errors) if text]
+        if failed:
+            rank, text = failed[0]
+            raise TaskMismatchError(f"{self.backend_name}: rank {rank} rejected the batch: {text}")
+        return digests
+
+    def _all_gather(self, data: bytes, deadline: Optional[float], timeout: Optional[float],
+                    fixed: bool = False) -> List[bytes]:
+        requests, finish = self._start_all_gather(data, fixed)
         while True:
             self._wait(requests, deadline, timeout, "the all-gather of the batch's metadata", None)
             result = finish()

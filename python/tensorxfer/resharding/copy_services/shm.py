@@ -162,7 +162,7 @@ class ShmCopyService(BatchedCopyService):
             raise TimeoutError(f"{self.backend_name}: rank {self.rank} timed out in {what}; a peer did not call run() "
                                f"or stalled: {error}") from error
 
-    def _start_all_gather(self, data: bytes) -> Tuple[List[Any], Callable[[], List[bytes]]]:
+    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], List[bytes]]]:
         with self._group_wait("the all-gather of the batch's metadata"):
             gathered = self._local.all_gather_bytes(data, self.timeout)
         return [], lambda: list(gathered)
