@@ -316,6 +316,41 @@ def local_size_mismatch(service, rank, world, size):
     expect_error(service.run, TaskMismatchError, "task_id=77", r"\b4 bytes", r"\b5 bytes")
 
 
+@scenario
+def same_task_ids_with_new_sizes_are_checked_every_run(service, rank, world, size):
+    """A repeated pattern (same ids and ranks) reuses what it can, but sizes are checked anew."""
+    base = 15_000_000_000
+    previous = (rank - 1) % world
+
+    def submit(sizes, local_extra=0, remote_extra=0):
+        """exchange(), with task 0 from this rank / from the previous rank received into
+        a destination larger by local_extra / remote_extra bytes."""
+        expected = []
+        for peer in range(world):
+            for index, nbytes in enumerate(sizes):
+                out_id, in_id = task_id(rank, peer, index, world, base), task_id(peer, rank, index, world, base)
+                service.submit_send(pattern(out_id, nbytes), peer, out_id)
+                extra = 0 if index else local_extra if peer == rank else remote_extra if peer == previous else 0
+                dst = np.zeros(nbytes + extra, np.uint8)
+                service.submit_recv(dst, peer, in_id)
+                expected.append((dst, pattern(in_id, nbytes), in_id))
+        return expected
+
+    for sizes in ([100, 200_000], [100, 200_000], [300, 50]):
+        expected = submit(sizes)
+        service.run()
+        check(expected)
+    submit([300, 50], local_extra=1)
+    expect_error(service.run, TaskMismatchError, f"task_id={task_id(rank, rank, 0, world, base)}",
+                 r"\b300 bytes", r"\b301 bytes")
+    if world > 1:
+        submit([300, 50], remote_extra=-1)
+        expect_error(service.run, TaskMismatchError, "size mismatch", r"\b300 bytes", r"\b299 bytes")
+    expected = submit([300, 50])
+    service.run()
+    check(expected)
+
+
 def _local_error(service, rank, world, setup, message):
     """Only rank 0 submits the bad local ops; it raises the exact message, others name rank 0."""
     if rank == 0:

@@ -30,25 +30,15 @@ from tensorxfer.errors import PeerLostError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _planning, _tensors
 from tensorxfer.resharding.copy_services._liveness import PeerWatch, own_identity
+from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
 from tensorxfer.resharding.copy_services._queue import Columns, QueuedCopyService
 from tensorxfer.resharding.copy_services.base import (
     DEFAULT_TIMEOUT,
     TaskMismatchError,
     check_timeout,
-    match_local_ops_by_task_id,
 )
 
 _UNSET: Any = object()
-
-
-class _LocalOp:
-    """A same-rank op for match_local_ops_by_task_id: task id + position in the queue."""
-
-    __slots__ = ("task_id", "index")
-
-    def __init__(self, task_id: Optional[int], index: int) -> None:
-        self.task_id = task_id
-        self.index = index
 
 
 def _positive(value: Any, argument: str) -> int:
@@ -85,8 +75,7 @@ class BatchedCopyService(QueuedCopyService):
         self._broken: Optional[str] = None
         self._watch: Optional[PeerWatch] = None
         self._identities: Optional[List[bytes]] = None  # the ranks' identities self._watch was built from
-        # This rank's last op tables and their digest: an unchanged pattern is not hashed again.
-        self._last_tables: Optional[Tuple[np.ndarray, np.ndarray, bytes]] = None
+        self._pattern: Optional[OpPattern] = None  # the last run's (see _pattern)
         self.plans_built = 0  # how many runs had to build their plan (the rest reused one)
 
     # ---- transport (subclasses) -------------------------------------------------
@@ -118,7 +107,7 @@ class BatchedCopyService(QueuedCopyService):
     def close(self) -> None:
         """Release staging buffers and plans; later calls raise RuntimeError."""
         self._plan = None
-        self._last_tables = None
+        self._pattern = None
         super().close()
 
     # ---- run ------------------------------------------------------------------------
@@ -145,45 +134,13 @@ class BatchedCopyService(QueuedCopyService):
             raise
 
     def _run(self, sends: Columns, recvs: Columns, deadline: Optional[float], timeout: Optional[float]) -> None:
-        me = self.rank
-        send_ids, send_tensors, send_ranks = sends
-        recv_ids, recv_tensors, recv_ranks = recvs
-        send_spans = _tensors.describe_many(send_tensors)
-        recv_spans = _tensors.describe_many(recv_tensors)
-        send_peers = np.fromiter(send_ranks, np.int64, len(send_ranks))
-        recv_peers = np.fromiter(recv_ranks, np.int64, len(recv_ranks))
-        local_sends = np.flatnonzero(send_peers == me)
-        local_recvs = np.flatnonzero(recv_peers == me)
-        local_error: Optional[Exception] = None
-        pairs = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        if local_sends.size or local_recvs.size:
-            try:
-                pairs = self._match_local(send_ids, local_sends, send_spans, recv_ids, local_recvs, recv_spans)
-            except RuntimeError as error:
-                local_error = error
-        remote_sends = np.flatnonzero(send_peers != me)
-        remote_recvs = np.flatnonzero(recv_peers != me)
-        # The remote ops: the whole queue (the common case, no copies) or a subset.
-        if remote_sends.size != len(send_ids):
-            send_ids = [send_ids[i] for i in remote_sends]
-            send_tensors = [send_tensors[i] for i in remote_sends]
-            send_spans_remote = _subset(send_spans, remote_sends)
-        else:
-            send_spans_remote = send_spans
-        if remote_recvs.size != len(recv_ids):
-            recv_ids = [recv_ids[i] for i in remote_recvs]
-            recv_tensors = [recv_tensors[i] for i in remote_recvs]
-            recv_spans_remote = _subset(recv_spans, remote_recvs)
-        else:
-            recv_spans_remote = recv_spans
-        send_table = _planning.op_table(send_ids, me, send_peers[remote_sends], send_spans_remote.nbytes)
-        recv_table = _planning.op_table(recv_ids, recv_peers[remote_recvs], me, recv_spans_remote.nbytes)
-        last = self._last_tables
-        if last is not None and np.array_equal(last[0], send_table) and np.array_equal(last[1], recv_table):
-            digest = last[2]
-        else:
-            digest = _planning.digest(send_table, recv_table)
-            self._last_tables = (send_table, recv_table, digest)
+        send_spans = _tensors.describe_many(sends[1])
+        recv_spans = _tensors.describe_many(recvs[1])
+        pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
+        # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
+        self._pattern = pattern if pattern.match_error is None else None
+        local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
+        send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes)
 
         digests = self._agree(digest, local_error, deadline, timeout)
 
@@ -196,30 +153,12 @@ class BatchedCopyService(QueuedCopyService):
             self._plan = plan
             self.plans_built += 1
 
-        if pairs[0].size:
-            self._copy_local(pairs, sends[1], recvs[1], send_spans, recv_spans)
+        if pattern.pairs[0].size:
+            self._copy_local(pattern.pairs, sends[1], recvs[1], send_spans, recv_spans)
         if plan.windows:
-            self._execute(plan, send_tensors, send_spans_remote, recv_tensors, recv_spans_remote, deadline, timeout)
-
-    def _match_local(self, send_ids: Sequence[Optional[int]], local_sends: np.ndarray, send_spans: _tensors.Spans,
-                     recv_ids: Sequence[Optional[int]], local_recvs: np.ndarray,
-                     recv_spans: _tensors.Spans) -> Tuple[np.ndarray, np.ndarray]:
-        """The same-rank pairs, as (send rows, receive rows) in receive order; RuntimeError
-        (match_local_ops_by_task_id's, or TaskMismatchError for sizes) if they do not pair up."""
-        me = self.rank
-        pairs = match_local_ops_by_task_id([_LocalOp(send_ids[i], int(i)) for i in local_sends],
-                                           [_LocalOp(recv_ids[i], int(i)) for i in local_recvs], self.backend_name, me)
-        send_rows = np.fromiter((send.index for send, _ in pairs), np.int64, len(pairs))
-        recv_rows = np.fromiter((recv.index for _, recv in pairs), np.int64, len(pairs))
-        differ = np.flatnonzero(send_spans.nbytes[send_rows] != recv_spans.nbytes[recv_rows])
-        if differ.size:
-            first = int(differ[0])
-            sent, received = int(send_spans.nbytes[send_rows[first]]), int(recv_spans.nbytes[recv_rows[first]])
-            raise TaskMismatchError(
-                f"{self.backend_name}: size mismatch for task_id={pairs[first][0].task_id} on rank {me}: "
-                f"the local send has {sent} bytes, the local recv {received} bytes"
-            )
-        return send_rows, recv_rows
+            send_tensors, send_spans = pattern.sends.remote_part(sends[1], send_spans)
+            recv_tensors, recv_spans = pattern.recvs.remote_part(recvs[1], recv_spans)
+            self._execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
         """This rank's plan from every rank's op tables; ``.windows`` is empty when it
@@ -405,10 +344,6 @@ class BatchedCopyService(QueuedCopyService):
             if now - started > 0.002:
                 nap = min(0.001, nap * 1.5 if nap else 0.00005)
                 time.sleep(nap)
-
-
-def _subset(spans: _tensors.Spans, rows: np.ndarray) -> _tensors.Spans:
-    return _tensors.Spans(spans.address[rows], spans.nbytes[rows], spans.contiguous[rows], spans.host[rows])
 
 
 def _torch_from(array: np.ndarray) -> Any:

@@ -93,13 +93,13 @@ class QueuedCopyService(CopyService):
         if self._send_plain:
             sends: Columns = (self._send_ids, self._send_tensors, self._send_ranks)
         else:
-            ops = self._send_objects
-            sends = ([op.task_id for op in ops], [op.tensor for op in ops], [op.dest_rank for op in ops])
+            send_ops = self._send_objects
+            sends = ([op.task_id for op in send_ops], [op.tensor for op in send_ops], [op.dest_rank for op in send_ops])
         if self._recv_plain:
             recvs: Columns = (self._recv_ids, self._recv_tensors, self._recv_ranks)
         else:
-            ops = self._recv_objects
-            recvs = ([op.task_id for op in ops], [op.tensor for op in ops], [op.src_rank for op in ops])
+            recv_ops = self._recv_objects
+            recvs = ([op.task_id for op in recv_ops], [op.tensor for op in recv_ops], [op.src_rank for op in recv_ops])
         self._reset_queues()
         return sends, recvs
 
