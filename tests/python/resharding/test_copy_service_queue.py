@@ -172,3 +172,23 @@ def test_submits_allocate_nothing_the_garbage_collector_tracks():
     assert allocated < 100, f"4000 submits allocated {allocated} tracked objects"
     sends, recvs = queue.run()
     assert len(sends[0]) == len(recvs[0]) == 2000
+
+
+def test_torch_tensors_are_described_as_the_native_describe_spans_does(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from tensorxfer import _core
+
+    base = torch.arange(64, dtype=torch.float32)
+    tensors = [torch.zeros(4096, dtype=torch.uint8), base[3:9], base.view(8, 8).t(), base.view(8, 8)[:, 2],
+               torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.complex64), torch.zeros(2, device="meta")]
+    _tensors.normalize_fast(tensors[0], "src_tensor", False, True, "B")  # the queue has met torch
+    rows = _core.describe_spans(tensors)
+    with monkeypatch.context() as patch:  # plain torch tensors only: described without the native call
+        patch.setattr(_tensors, "_core", None)
+        spans = _tensors.describe_many(tensors)
+    assert spans.address.tolist() == rows[:, 0].tolist()
+    assert spans.nbytes.tolist() == rows[:, 1].astype(np.int64).tolist() == [4096, 24, 256, 32, 0, 24, 8]
+    assert spans.contiguous.tolist() == ((rows[:, 2] & 1) != 0).tolist() == [True, True, False, False, True, True, True]
+    assert spans.host.tolist() == ((rows[:, 2] & 2) != 0).tolist() == [True] * 6 + [False]
+    mixed = _tensors.describe_many([tensors[1], np.zeros(5, np.uint8)])  # not all torch: the native path
+    assert mixed.nbytes.tolist() == [24, 5]
