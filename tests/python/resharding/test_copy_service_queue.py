@@ -192,3 +192,25 @@ def test_torch_tensors_are_described_as_the_native_describe_spans_does(monkeypat
     assert spans.host.tolist() == ((rows[:, 2] & 2) != 0).tolist() == [True] * 6 + [False]
     mixed = _tensors.describe_many([tensors[1], np.zeros(5, np.uint8)])  # not all torch: the native path
     assert mixed.nbytes.tolist() == [24, 5]
+
+
+def test_repr_counts_the_queue_without_turning_it_into_dataclasses():
+    queue = Recorder()
+    queue.submit_send(np.zeros(1), 1, 1)
+    queue.submit_recv(np.zeros(1), 2, 2)
+    queue.submit_recv(np.zeros(1), 3, 3)
+    assert repr(queue) == "Recorder(rank=0, world_size=4, 1 sends, 2 recvs queued)"
+    empty = np.zeros(0)
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for index in range(200):
+            queue.submit_send(empty, 1, 10 + index)
+        allocated = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert allocated < 50  # still columns: no SendOp per submit
+    assert len(queue.send_ops) == 201 and repr(queue) == "Recorder(rank=0, world_size=4, 201 sends, 2 recvs queued)"
+    queue.close()
+    assert repr(queue) == "Recorder(rank=0, world_size=4, closed)"

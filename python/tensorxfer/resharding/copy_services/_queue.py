@@ -88,6 +88,11 @@ class QueuedCopyService(CopyService):
         self._recv_objects = ops
         self._recv_plain = False
 
+    def _queued_counts(self) -> Tuple[int, int]:
+        # Counted where the ops are, so that a repr() does not turn the queue into dataclasses.
+        return (len(self._send_ids) if self._send_plain else len(self._send_objects),
+                len(self._recv_ids) if self._recv_plain else len(self._recv_objects))
+
     def _take_columns(self) -> Tuple[Columns, Columns]:
         """(task ids, tensors, ranks) of the queued sends and receives, leaving the queues empty."""
         if self._send_plain:

@@ -191,8 +191,13 @@ class CopyService(abc.ABC):
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    def _queued_counts(self) -> Tuple[int, int]:
+        """How many sends and receives are queued."""
+        return len(self.send_ops), len(self.recv_ops)
+
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self.send_ops)} sends, {len(self.recv_ops)} recvs queued"
+        sends, recvs = self._queued_counts()
+        state = "closed" if self._closed else f"{sends} sends, {recvs} recvs queued"
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, {state})"
 
 
