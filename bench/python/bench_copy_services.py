@@ -15,7 +15,10 @@ Variants, in the same run, interleaved repeat by repeat:
   op pattern (plan and staging reused) - against hand-written mpi4py
   ``Isend``/``Irecv`` posted in windows of 16, 128 and all, ``Waitall`` per window.
 * shared memory (in the same mpirun job, on a ``LocalGroup.from_mpi`` group):
-  ``build_copy_service("shm", ...)`` first and later runs, the same way.
+  ``build_copy_service("shm", ...)`` first and later runs, the same way; on (b)
+  and (c) also with the sources already in the service's shared send buffer
+  (``buffer_bytes=``, ``service.buffer(...)``): receivers copy them from the
+  mapping instead of by cross-memory attach (no target: a different input).
 * torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
   (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
 
@@ -51,6 +54,8 @@ DEFAULT_JSON = HERE.parents[1] / "bench" / "results" / "copy_services.json"
 TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 5.0, ("b", "torch"): 1.0}
 # shm backend: (case, baseline family) -> target; family "ours" = the best other backend of this project.
 SHM_TARGETS = {("a", "mpi4py"): 4.0, ("a", "gloo"): 20.0, ("b", "mpi4py"): 1.5, ("c", "ours"): 1.5}
+#: The shm backend with its sources already in its shared send buffer (zero-copy sends).
+BUFFERED = "tensorxfer shm, sources in buffer (repeat)"
 CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
 
 
@@ -125,6 +130,25 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
 
         variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
         variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
+        buffered = None
+        if with_shm and case in ("b", "c"):
+            # The same sends from views of the shm service's shared send buffer.
+            buffered = build_copy_service("shm", group=group, timeout=600, buffer_bytes=sum(sizes))
+            staged = buffered.buffer(np.uint8, (sum(sizes),))
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            views = [staged[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
+            for view in views:
+                view.fill(rank + 1)
+
+            def buffered_step() -> None:
+                for i, tensor in enumerate(views):
+                    buffered.submit_send(tensor, peer, rank * 1_000_000 + i)
+                for i, tensor in enumerate(recvs):
+                    buffered.submit_recv(tensor, peer, peer * 1_000_000 + i)
+                buffered.run()
+
+            buffered_step()  # builds the plan: the variant is timed on repeats
+            variants[BUFFERED] = buffered_step
         for repeat in range(repeats):
             for backend, make in makers.items():
                 if backend in services:
@@ -143,6 +167,8 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
                 samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
         for service in services.values():
             service.close()
+        if buffered is not None:
+            buffered.close()
         results[case] = samples
         del sends, recvs
     if group is not None:
@@ -284,6 +310,8 @@ def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict,
             best = _fastest(report, name, families[family])
             report.compare(name, "time", "tensorxfer shm (repeat)", best, SHM_TARGETS.get((case, family)))
             report.compare(name, "time", "tensorxfer shm (first run)", best)
+            if BUFFERED in variants:
+                report.compare(name, "time", BUFFERED, best)
     return report
 
 

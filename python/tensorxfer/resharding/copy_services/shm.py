@@ -10,6 +10,10 @@ backends; the remote tasks then move in two ways:
   chunks), where the kernel permits it between the two processes -- probed once
   per service for every pair (``cma_pairs``; ``python -m tensorxfer info``
   reports the machine-wide answer);
+  A large task whose source lies in the sender's shared send buffer
+  (:meth:`ShmCopyService.buffer`, ``buffer_bytes`` at construction) is read
+  from that mapping with a plain memory copy instead: one user-space copy, about
+  twice as fast as cross-memory attach (``bench/cpp/transport_floor``);
 * everything else through the pipeline executor: a schedule every rank
   computes alike packs tasks into batches, and double-buffered slots in an
   :class:`~tensorxfer.runtime.IpcMemory` move them (pack next, unpack previous,
@@ -35,12 +39,15 @@ from tensorxfer.resharding.copy_services._batched import BatchedCopyService
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
-from tensorxfer.runtime.ipc_memory import IpcMemory
+from tensorxfer.runtime.ipc_memory import IpcMemory, typed_view
 
 #: Bytes of one pipeline slot (each rank maps two send and two receive slots).
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
+#: What a sender publishes for a task whose source is not in its shared send buffer.
+_NOT_IN_BUFFER = np.uint64(2**64 - 1)
+_PAGE = 4096
 
 
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
@@ -84,6 +91,8 @@ class ShmCopyService(BatchedCopyService):
     or None for the default torch.distributed group. ``slot_nbytes`` sizes the
     pipeline's slots (a multiple of 64), ``max_tasks_per_batch`` bounds a batch,
     ``cma_min_bytes`` is where cross-memory attach takes over (None: never).
+    ``buffer_bytes`` sizes this rank's shared send buffer (:meth:`buffer`; the
+    same on every rank, 0 = none).
     Collective construction: every rank of the group builds its service together.
     """
 
@@ -91,7 +100,7 @@ class ShmCopyService(BatchedCopyService):
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
-                 cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES) -> None:
+                 cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES, buffer_bytes: int = 0) -> None:
         local, self._owns_group = as_local_group(group, timeout)
         self._local = local
         super().__init__(group, timeout=timeout)
@@ -99,11 +108,18 @@ class ShmCopyService(BatchedCopyService):
             raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
         if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
             raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
+        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
+            raise ValueError(f"buffer_bytes: expected an integer >= 0, got {buffer_bytes!r}")
         self.slot_nbytes = slot_nbytes
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
         self._engine = default_copy_engine()
-        self._memory = IpcMemory.create(local, int(_core.pipeline_region_nbytes(slot_nbytes)), timeout=timeout)
+        pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
+        # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
+        self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
+        self.buffer_bytes = buffer_bytes
+        self.buffer_tasks_read = 0  # large tasks received straight from a peer's send buffer, in all runs
+        self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
         self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
         self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
 
@@ -118,6 +134,21 @@ class ShmCopyService(BatchedCopyService):
     def world_size(self) -> int:
         """Ranks in the group."""
         return self._local.world_size
+
+    def buffer(self, dtype: Any, shape: Any) -> Any:
+        """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
+
+        Large tasks (``cma_min_bytes`` and up, where cross-memory attach is
+        permitted) whose source lies in it are read by their receiver straight
+        from the shared mapping, in one user-space copy. Views start at the
+        buffer's first byte; slice the result to hold several tensors. Write it
+        between runs only: receivers read it until run() returns on every rank.
+        Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
+        """
+        self._check_open("buffer")
+        region = self._memory._native.region(self.rank)
+        start = self._buffer_offset
+        return typed_view(region[start:start + self.buffer_bytes], dtype, shape, "ShmCopyService.buffer")
 
     def close(self) -> None:
         """Unmaps the slots and (if this service made it) leaves the group."""
@@ -234,7 +265,8 @@ class ShmCopyService(BatchedCopyService):
 
         if plan.cma_ids.size:
             with self._group_wait("the cross-memory reads"):
-                self._read_across_processes(plan, send_addresses, recv_targets, timeout)
+                self._read_across_processes(plan, send_addresses, send_spans.nbytes, recv_targets,
+                                            recv_addresses, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
         self._executor.set_task_memory(
             plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
@@ -249,18 +281,38 @@ class ShmCopyService(BatchedCopyService):
         for target, staged in copy_back:
             _tensors.copy_bytes_into(target, staged)
 
-    def _read_across_processes(self, plan: ShmPlan, send_addresses: np.ndarray, recv_targets: List[Any],
+    def _read_across_processes(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
+                               recv_targets: List[Any], recv_addresses: np.ndarray,
                                timeout: Optional[float]) -> None:
-        """Receivers read large tasks straight from their senders' tensors."""
-        mine = {task: int(send_addresses[local]) for task, local in plan.cma_send_local.items()}
-        table = np.array(sorted(mine.items()), np.uint64).reshape(-1, 2)
-        where: Dict[int, int] = {}
+        """Receivers read large tasks straight from their senders' memory: from a
+        sender's shared send buffer with a plain copy, else by cross-memory attach."""
+        sent = list(plan.cma_send_local.items())
+        table = np.empty((len(sent), 3), np.uint64)  # task, address, offset in the send buffer
+        buffer_start = int(self._memory.remote_data[self.rank]) + self._buffer_offset
+        for row, (task, local) in enumerate(sent):
+            address, nbytes = int(send_addresses[local]), int(send_nbytes[local])
+            inside = buffer_start <= address and address + nbytes <= buffer_start + self.buffer_bytes
+            table[row] = (task, address, address - buffer_start if inside else _NOT_IN_BUFFER)
+        where: Dict[int, Tuple[int, int]] = {}
         for data in self._local.all_gather_bytes(table.tobytes(), timeout):
-            for task, address in np.frombuffer(data, np.uint64).reshape(-1, 2):
-                where[int(task)] = int(address)
+            for task, address, offset in np.frombuffer(data, np.uint64).reshape(-1, 3):
+                where[int(task)] = (int(address), int(offset))
+        direct = []  # (src address, dst address, nbytes) read from peers' send buffers
         for task, local in plan.cma_recv_local.items():
             src = int(plan.cma_src[np.searchsorted(plan.cma_ids, task)])
-            _core.read_process_memory(self._pids[src], where[task], recv_targets[local], self._engine)
+            address, offset = where[task]
+            nbytes = int(_tensors.describe(recv_targets[local]).nbytes)
+            if offset != int(_NOT_IN_BUFFER):
+                if offset + nbytes > self.buffer_bytes:  # every rank has buffer_bytes: a peer's table is checked
+                    raise RuntimeError(f"{self.backend_name}: rank {src} published task {task} at offset {offset} "
+                                       f"+ {nbytes} bytes, past its {self.buffer_bytes}-byte send buffer")
+                peer_buffer = int(self._memory.remote_data[src]) + self._buffer_offset
+                direct.append((peer_buffer + offset, int(recv_addresses[local]), nbytes))
+            else:
+                _core.read_process_memory(self._pids[src], address, recv_targets[local], self._engine)
+        if direct:
+            _core.copy_spans(np.array(direct, np.uint64), self._engine)
+            self.buffer_tasks_read += len(direct)
 
 
 __all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]
