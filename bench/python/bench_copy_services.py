@@ -15,10 +15,10 @@ Variants, in the same run, interleaved repeat by repeat:
   op pattern (plan and staging reused) - against hand-written mpi4py
   ``Isend``/``Irecv`` posted in windows of 16, 128 and all, ``Waitall`` per window.
 * shared memory (in the same mpirun job, on a ``LocalGroup.from_mpi`` group):
-  ``build_copy_service("shm", ...)`` first and later runs, the same way; on (b)
-  and (c) also with the sources already in the service's shared send buffer
+  ``build_copy_service("shm", ...)`` first and later runs, the same way; also
+  with the sources already in the service's shared send buffer
   (``buffer_bytes=``, ``service.buffer(...)``): receivers copy them from the
-  mapping instead of by cross-memory attach (no target: a different input).
+  mapping (no target: a different input).
 * torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
   (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
 
@@ -131,7 +131,7 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
         variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
         variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
         buffered = None
-        if with_shm and case in ("b", "c"):
+        if with_shm:
             # The same sends from views of the shm service's shared send buffer.
             buffered = build_copy_service("shm", group=group, timeout=600, buffer_bytes=sum(sizes))
             staged = buffered.buffer(np.uint8, (sum(sizes),))

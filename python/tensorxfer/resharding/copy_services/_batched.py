@@ -202,7 +202,8 @@ class BatchedCopyService(CopyService):
         else:
             recv_ids = [recvs[i].task_id for i in remote_recvs]
         send_table = _planning.op_table(send_ids, np.full(remote_sends.size, me), send_peers[remote_sends],
-                                        send_spans.nbytes[remote_sends])
+                                        send_spans.nbytes[remote_sends],
+                                        self._send_flags(send_spans, remote_sends))
         recv_table = _planning.op_table(recv_ids, recv_peers[remote_recvs], np.full(remote_recvs.size, me),
                                         recv_spans.nbytes[remote_recvs])
         digest = _planning.digest(send_table, recv_table)
@@ -239,6 +240,11 @@ class BatchedCopyService(CopyService):
         if plan.windows:
             self._execute(plan, [sends[i] for i in remote_sends], _subset(send_spans, remote_sends),
                           [recvs[i] for i in remote_recvs], _subset(recv_spans, remote_recvs), deadline, timeout)
+
+    def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        """The FLAGS column for the sends ``spans[rows]`` (this rank's remote sends), or
+        None for none. Backends whose plan depends on where a source lies override it."""
+        return None
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
         """This rank's plan from every rank's op tables; ``.windows`` is empty when it
