@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -72,6 +72,15 @@ def case_sizes(case: str) -> List[int]:
 
 
 # ---- workers (one per rank) ------------------------------------------------------------
+
+
+def submit_and_run(service: Any, sends: List[Any], recvs: List[Any], rank: int, peer: int) -> None:
+    """One copy-service step of a case: every send to the partner, every receive from it, run()."""
+    for i, tensor in enumerate(sends):
+        service.submit_send(tensor, peer, rank * 1_000_000 + i)
+    for i, tensor in enumerate(recvs):
+        service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+    service.run()
 
 
 def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], step: Callable[[], None]) -> float:
@@ -108,14 +117,7 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
         services: Dict[str, object] = {}
 
         def copy_service_step(backend: str) -> Callable[[], None]:
-            def step() -> None:
-                service = services[backend]
-                for i, tensor in enumerate(sends):
-                    service.submit_send(tensor, peer, rank * 1_000_000 + i)
-                for i, tensor in enumerate(recvs):
-                    service.submit_recv(tensor, peer, peer * 1_000_000 + i)
-                service.run()
-            return step
+            return lambda: submit_and_run(services[backend], sends, recvs, rank, peer)
 
         def mpi4py_step(window: int) -> Callable[[], None]:
             def step() -> None:
@@ -141,11 +143,7 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
                 view.fill(rank + 1)
 
             def buffered_step() -> None:
-                for i, tensor in enumerate(views):
-                    buffered.submit_send(tensor, peer, rank * 1_000_000 + i)
-                for i, tensor in enumerate(recvs):
-                    buffered.submit_recv(tensor, peer, peer * 1_000_000 + i)
-                buffered.run()
+                submit_and_run(buffered, views, recvs, rank, peer)
 
             buffered_step()  # builds the plan: the variant is timed on repeats
             variants[BUFFERED] = buffered_step
@@ -204,11 +202,7 @@ def torch_worker(rank: int, world_size: int, init: str, cases: List[str], repeat
         service = TorchDistributedCopyService(timeout=600)
 
         def copy_service_step() -> None:
-            for i, tensor in enumerate(sends):
-                service.submit_send(tensor, peer, rank * 1_000_000 + i)
-            for i, tensor in enumerate(recvs):
-                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
-            service.run()
+            submit_and_run(service, sends, recvs, rank, peer)
 
         def gloo_step(window: int) -> Callable[[], None]:
             def step() -> None:
