@@ -15,7 +15,10 @@ Variants, in the same run, interleaved repeat by repeat:
   op pattern (plan and staging reused) - against hand-written mpi4py
   ``Isend``/``Irecv`` posted in windows of 16, 128 and all, ``Waitall`` per window.
 * shared memory (in the same mpirun job, on a ``LocalGroup.from_mpi`` group):
-  ``build_copy_service("shm", ...)`` first and later runs, the same way.
+  ``build_copy_service("shm", ...)`` first and later runs, the same way; also
+  with the sources already in the service's shared send buffer
+  (``buffer_bytes=``, ``service.buffer(...)``): receivers copy them from the
+  mapping (no target: a different input).
 * torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
   (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
 
@@ -42,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -51,6 +54,8 @@ DEFAULT_JSON = HERE.parents[1] / "bench" / "results" / "copy_services.json"
 TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 5.0, ("b", "torch"): 1.0}
 # shm backend: (case, baseline family) -> target; family "ours" = the best other backend of this project.
 SHM_TARGETS = {("a", "mpi4py"): 4.0, ("a", "gloo"): 20.0, ("b", "mpi4py"): 1.5, ("c", "ours"): 1.5}
+#: The shm backend with its sources already in its shared send buffer (zero-copy sends).
+BUFFERED = "tensorxfer shm, sources in buffer (repeat)"
 CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
 
 
@@ -67,6 +72,15 @@ def case_sizes(case: str) -> List[int]:
 
 
 # ---- workers (one per rank) ------------------------------------------------------------
+
+
+def submit_and_run(service: Any, sends: List[Any], recvs: List[Any], rank: int, peer: int) -> None:
+    """One copy-service step of a case: every send to the partner, every receive from it, run()."""
+    for i, tensor in enumerate(sends):
+        service.submit_send(tensor, peer, rank * 1_000_000 + i)
+    for i, tensor in enumerate(recvs):
+        service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+    service.run()
 
 
 def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], step: Callable[[], None]) -> float:
@@ -103,14 +117,7 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
         services: Dict[str, object] = {}
 
         def copy_service_step(backend: str) -> Callable[[], None]:
-            def step() -> None:
-                service = services[backend]
-                for i, tensor in enumerate(sends):
-                    service.submit_send(tensor, peer, rank * 1_000_000 + i)
-                for i, tensor in enumerate(recvs):
-                    service.submit_recv(tensor, peer, peer * 1_000_000 + i)
-                service.run()
-            return step
+            return lambda: submit_and_run(services[backend], sends, recvs, rank, peer)
 
         def mpi4py_step(window: int) -> Callable[[], None]:
             def step() -> None:
@@ -125,6 +132,21 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
 
         variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
         variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
+        buffered = None
+        if with_shm:
+            # The same sends from views of the shm service's shared send buffer.
+            buffered = build_copy_service("shm", group=group, timeout=600, buffer_bytes=sum(sizes))
+            staged = buffered.buffer(np.uint8, (sum(sizes),))
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            views = [staged[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
+            for view in views:
+                view.fill(rank + 1)
+
+            def buffered_step() -> None:
+                submit_and_run(buffered, views, recvs, rank, peer)
+
+            buffered_step()  # builds the plan: the variant is timed on repeats
+            variants[BUFFERED] = buffered_step
         for repeat in range(repeats):
             for backend, make in makers.items():
                 if backend in services:
@@ -143,6 +165,8 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
                 samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
         for service in services.values():
             service.close()
+        if buffered is not None:
+            buffered.close()
         results[case] = samples
         del sends, recvs
     if group is not None:
@@ -178,11 +202,7 @@ def torch_worker(rank: int, world_size: int, init: str, cases: List[str], repeat
         service = TorchDistributedCopyService(timeout=600)
 
         def copy_service_step() -> None:
-            for i, tensor in enumerate(sends):
-                service.submit_send(tensor, peer, rank * 1_000_000 + i)
-            for i, tensor in enumerate(recvs):
-                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
-            service.run()
+            submit_and_run(service, sends, recvs, rank, peer)
 
         def gloo_step(window: int) -> Callable[[], None]:
             def step() -> None:
@@ -284,6 +304,8 @@ def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict,
             best = _fastest(report, name, families[family])
             report.compare(name, "time", "tensorxfer shm (repeat)", best, SHM_TARGETS.get((case, family)))
             report.compare(name, "time", "tensorxfer shm (first run)", best)
+            if BUFFERED in variants:
+                report.compare(name, "time", BUFFERED, best)
     return report
 
 

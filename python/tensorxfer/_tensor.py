@@ -63,6 +63,16 @@ def as_view(
     return view
 
 
+def native_view(obj: Any, name: str) -> TensorView:
+    """View ``obj`` without the checks of :func:`as_view`, for callers whose native
+    function checks the same things itself (with the same messages)."""
+    if isinstance(obj, TensorView):
+        return obj
+    if type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy":
+        return _core.make_view(obj, name)  # nothing to prepare on a numpy array
+    return _core.make_view(_prepare(obj), name)
+
+
 def is_torch_tensor(obj: Any) -> bool:
     """True for torch tensors, without importing torch when it is not loaded."""
     import sys

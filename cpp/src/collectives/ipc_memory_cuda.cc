@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "tensorxfer/common/cuda_check.h"
+#include "tensorxfer/common/cuda_runtime_calls.h"
 
 #include <cstring>
 #include <vector>
@@ -27,17 +28,18 @@ class CudaBacking final : public IpcMemory::Backing {
  public:
   CudaBacking(const SignalLayout& layout, int rank) : layout_(layout), rank_(rank) {
     int device_count = 0;
-    check_cuda(cudaGetDeviceCount(&device_count), "cudaGetDeviceCount");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaGetDeviceCount(&device_count)), "cudaGetDeviceCount");
     TENSORXFER_CHECK(Unsupported, device_count > 0, "IpcMemory (cuda): no CUDA device is present");
-    check_cuda(cudaMalloc(&local_, layout.total_nbytes), "cudaMalloc");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMalloc(&local_, layout.total_nbytes)), "cudaMalloc");
     // Zero the barrier words (and the data) and wait for it: a peer must never
     // read a stale flag through the handle published below.
-    check_cuda(cudaMemset(local_, 0, layout.total_nbytes), "cudaMemset");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMemset(local_, 0, layout.total_nbytes)), "cudaMemset");
     const SignalHeader header = make_signal_header(layout, rank);
-    check_cuda(cudaMemcpy(local_, &header, sizeof(header), cudaMemcpyHostToDevice), "cudaMemcpy(header)");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMemcpy(local_, &header, sizeof(header), cudaMemcpyHostToDevice)),
+               "cudaMemcpy(header)");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaDeviceSynchronize()), "cudaDeviceSynchronize");
     cudaIpcMemHandle_t handle;
-    check_cuda(cudaIpcGetMemHandle(&handle, local_), "cudaIpcGetMemHandle");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaIpcGetMemHandle(&handle, local_)), "cudaIpcGetMemHandle");
     handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
     opened_.assign(static_cast<std::size_t>(layout.world_size), nullptr);
   }
@@ -53,10 +55,12 @@ class CudaBacking final : public IpcMemory::Backing {
     cudaIpcMemHandle_t peer_handle;
     std::memcpy(&peer_handle, handle.data(), sizeof(peer_handle));
     void* pointer = nullptr;
-    check_cuda(cudaIpcOpenMemHandle(&pointer, peer_handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaIpcOpenMemHandle(&pointer, peer_handle, cudaIpcMemLazyEnablePeerAccess)),
+               "cudaIpcOpenMemHandle");
     opened_[static_cast<std::size_t>(rank)] = pointer;
     SignalHeader header;
-    check_cuda(cudaMemcpy(&header, pointer, sizeof(header), cudaMemcpyDeviceToHost), "cudaMemcpy(peer header)");
+    check_cuda(TENSORXFER_CUDA_CALL(cudaMemcpy(&header, pointer, sizeof(header), cudaMemcpyDeviceToHost)),
+               "cudaMemcpy(peer header)");
     validate_signal_header(header, layout_.total_nbytes, rank, layout_.world_size,
                            detail::concat("IpcMemory (cuda): rank ", rank_, " mapping rank ", rank));
     return static_cast<std::byte*>(pointer);
@@ -68,10 +72,10 @@ class CudaBacking final : public IpcMemory::Backing {
 
   void close() noexcept override {
     for (void*& pointer : opened_) {
-      if (pointer != nullptr) (void)cudaIpcCloseMemHandle(pointer);
+      if (pointer != nullptr) (void)TENSORXFER_CUDA_CALL(cudaIpcCloseMemHandle(pointer));
       pointer = nullptr;
     }
-    if (local_ != nullptr) (void)cudaFree(local_);
+    if (local_ != nullptr) (void)TENSORXFER_CUDA_CALL(cudaFree(local_));
     local_ = nullptr;
   }
 

@@ -1,5 +1,7 @@
 #include "copy_kernels.h"
 
+#include "tensorxfer/copy/streaming_copy.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -142,3 +144,13 @@ void prefetch_bytes(const void* address, std::size_t nbytes) noexcept {
 #endif
 
 }  // namespace tensorxfer::copy::detail
+
+namespace tensorxfer::copy {
+
+void streaming_copy(void* dst, const void* src, std::size_t nbytes) noexcept {
+  detail::streaming_copy(dst, src, nbytes);
+}
+
+void streaming_fence() noexcept { detail::streaming_fence(); }
+
+}  // namespace tensorxfer::copy

@@ -11,8 +11,9 @@ Cases (sizes shrink with ``--quick``):
   wait, spin off, and a fixed 1 ms spin that outlasts the publish interval) vs
   ``multiprocessing.Queue`` and ``torch.multiprocessing.Queue``.
 
-Variants are interleaved round by round and medians reported; every ratio is
-printed next to its target.  Misses are reported, never fatal.
+Variants are interleaved round by round and medians reported (pack also with
+each variant in a loop of its own, "back-to-back"); every ratio is printed next
+to its target.  Misses are reported, never fatal.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from tensorxfer.benchmarks import handoff
-from tensorxfer.benchmarks.report import Report, machine_info, percentile, time_interleaved
+from tensorxfer.benchmarks.report import Report, machine_info, percentile, time_in_blocks, time_interleaved
 
 FULL = {"store_bytes": 512 << 20, "row_bytes": 4096, "pack_rows": 4096, "copy_bytes": 64 << 20,
         "repeats": 15, "latency_batches": 2000, "latency_warmup": 100, "interval_s": 0.0005,
@@ -67,6 +68,7 @@ def bench_pack(report: Report, sizes: dict) -> None:
         selected = torch.zeros((batch, row_floats), dtype=torch.float32)
         variants["torch.index_select(out=)"] = lambda: torch.index_select(store_t, 0, indices_t, out=selected)
     samples = time_interleaved(variants, sizes["repeats"])
+    in_blocks = time_in_blocks(variants, rounds=3, block=max(2, sizes["repeats"] // 3))
     expected = store[indices]
     got = layout.unpack(packed)["rows"]
     if not np.array_equal(np.asarray(got), expected) or not np.array_equal(taken, expected):
@@ -77,11 +79,17 @@ def bench_pack(report: Report, sizes: dict) -> None:
     for name, seconds in samples.items():
         report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
         report.add(case, name, "bandwidth", [moved / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
-    report.compare(case, "time", "tensorxfer.pack_rows", "numpy.take(out=)", target=3.0)
+    for name, seconds in in_blocks.items():
+        report.add(case, name, "time back-to-back", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
+    for metric in ("time", "time back-to-back"):
+        report.compare(case, metric, "tensorxfer.pack_rows", "numpy.take(out=)", target=3.0)
+        if torch is not None:
+            report.compare(case, metric, "tensorxfer.pack_rows", "torch.index_select(out=)", target=1.0)
     if torch is not None:
-        report.compare(case, "time", "tensorxfer.pack_rows", "torch.index_select(out=)", target=1.0)
-        report.note("pack: torch's OpenMP workers keep polling for a while after each call (unless "
-                    "OMP_WAIT_POLICY=passive), taking CPU from the variant timed next when there are few cores")
+        report.note("pack: 'time' interleaves the variants call by call; torch's OpenMP workers keep polling "
+                    "for a while after each call (unless OMP_WAIT_POLICY=passive), taking CPU from the variant "
+                    "timed next when there are few cores. 'time back-to-back' runs each variant in a loop of "
+                    "its own (the copy engine's workers sleep between calls either way)")
 
 
 def bench_copy(report: Report, sizes: dict) -> None:

@@ -63,6 +63,31 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int,
     return samples
 
 
+def time_in_blocks(variants: Mapping[str, Callable[[], Any]], rounds: int,
+                   block: int) -> dict[str, list[float]]:
+    """Runs each variant ``block`` times in a row (the first call not timed), ``rounds``
+    times, rotating which variant goes first; seconds per call.
+
+    Where :func:`time_interleaved` shows a variant called among the others, this
+    shows it in a loop of its own: what a variant leaves running after a call
+    (torch's OpenMP workers poll for a while) only touches its own next call.
+    """
+    if rounds < 1 or block < 2:
+        raise ValueError(f"rounds must be >= 1 and block >= 2, got {rounds} and {block}")
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            call = variants[name]
+            call()
+            for _ in range(block - 1):
+                begin = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - begin)
+    return samples
+
+
 @dataclasses.dataclass
 class Measurement:
     """One measured quantity: its median ``value`` in ``unit`` and the raw ``samples``."""

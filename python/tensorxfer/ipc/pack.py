@@ -26,7 +26,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from tensorxfer import _core
-from tensorxfer._tensor import as_view, is_torch_tensor
+from tensorxfer._tensor import as_view, is_torch_tensor, native_view
 
 ALIGNMENT = 64
 """Byte alignment of every field's offset (and of ``PackLayout.nbytes``)."""
@@ -220,6 +220,8 @@ def default_copy_engine() -> _core.CopyEngine:
 
 
 def _indices_view(indices: Any) -> Any:
+    if type(indices) is np.ndarray and indices.dtype in _INDEX_DTYPES and indices.flags.c_contiguous:
+        return native_view(indices, "indices")  # the common case, checked natively
     if is_torch_tensor(indices):
         import torch
 
@@ -264,18 +266,19 @@ def pack_rows(
         raise TypeError(f"layout: expected a tensorxfer.ipc.PackLayout, got {type(layout).__name__}")
     if not isinstance(sources, Mapping):
         raise TypeError(f"sources: expected a mapping field name -> tensor, got {type(sources).__name__}")
-    expected = layout.fields
-    missing = [name for name in expected if name not in sources]
-    extra = [name for name in sources if name not in expected]
-    if missing or extra:
+    expected = layout._fields
+    if sources.keys() != expected.keys():
+        missing = [name for name in expected if name not in sources]
+        extra = [name for name in sources if name not in expected]
         problems = []
         if missing:
             problems.append(f"missing fields {missing}")
         if extra:
             problems.append(f"unexpected fields {extra}")
         raise ValueError(f"sources: {', '.join(problems)} (the layout has {list(expected)})")
-    dst_view = as_view(dst, "dst", host=True, writable=True)
-    pairs = [(name, as_view(sources[name], f"sources[{name!r}]", host=True)) for name in expected]
+    # The native pack_rows checks host memory, contiguity and writability itself.
+    dst_view = native_view(dst, "dst")
+    pairs = [(name, native_view(sources[name], f"sources[{name!r}]")) for name in expected]
     index_view = _indices_view(indices)
     if engine is None:
         engine = default_copy_engine()

@@ -215,6 +215,25 @@ TEST(CommunicatorTest, ZeroCopyBufferIsReducedInPlaceByBothAlgorithms) {
   }
 }
 
+TEST(CommunicatorTest, LargeZeroCopyReduceGathersWithStreamingStores) {
+  // >= 32 MiB in the buffer: the gather writes with non-temporal stores (an odd
+  // element count leaves unaligned heads and tails); every rank must still read
+  // the exact result right after the call, twice in a row.
+  constexpr int kWorld = 2;
+  constexpr std::size_t kCount = (std::size_t{32} << 20) / 4 + 7;
+  auto comms = make_communicators(kWorld, 4096, kCount * 4 + 64);
+  for (int seed : {1, 2}) {
+    const auto expected = expected_result(ElementType::kFloat32, ReduceOp::kSum, kWorld, kCount, seed);
+    run_ranks(kWorld, [&](int rank) {
+      std::byte* at = comms[rank]->buffer(rank) + 4;  // same (unaligned) offset on every rank
+      const auto input = make_input(ElementType::kFloat32, rank, kCount, seed);
+      std::memcpy(at, input.data(), input.size());
+      comms[rank]->all_reduce(view_of(at, ElementType::kFloat32, kCount), ReduceOp::kSum, Algorithm::kAuto, kTimeout);
+      EXPECT_EQ(std::memcmp(at, expected.data(), expected.size()), 0) << "rank " << rank << " seed " << seed;
+    });
+  }
+}
+
 TEST(CommunicatorTest, AllGatherReduceScatterBroadcast) {
   for (int world : {1, 2, 3, 4}) {
     auto comms = make_communicators(world, 4096);

@@ -68,3 +68,15 @@ def test_untagged_remote_ops_get_keys_by_pair_and_order(ids):
     table = pattern.tables(np.ones(len(ids), np.int64), np.zeros(0, np.int64))[0]
     anonymous = table[table[:, _planning.ANON] == 1]
     assert anonymous[:, _planning.KEY_B].tolist() == list(range(ids.count(None)))
+
+
+def test_send_flags_are_part_of_the_tables_every_run():
+    """The shm backend flags sends whose source lies in its send buffer: where a tensor
+    lies can change between runs of one pattern, and the digest must follow."""
+    pattern = pattern_for(None, "B", 0, columns([5, 6], [1, 1]), columns([], []))
+    nbytes, none = np.array([8, 8]), np.zeros(0, np.int64)
+    plain = pattern.tables(nbytes, none)
+    assert pattern.tables(nbytes, none, np.zeros(2, np.int64))[2] == plain[2]  # no flags = zero flags
+    flagged = pattern.tables(nbytes, none, np.array([0, _planning.FLAG_IN_SEND_BUFFER]))
+    assert flagged[2] != plain[2] and flagged[0][:, _planning.FLAGS].tolist() == [0, 1]
+    assert pattern.tables(nbytes, none)[2] == plain[2]  # and back

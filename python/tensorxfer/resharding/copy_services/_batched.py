@@ -140,7 +140,8 @@ class BatchedCopyService(QueuedCopyService):
         # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
         self._pattern = pattern if pattern.match_error is None else None
         local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
-        send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes)
+        send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes,
+                                                        self._send_flags(send_spans, pattern.sends.remote))
 
         digests = self._agree(digest, local_error, deadline, timeout)
 
@@ -159,6 +160,11 @@ class BatchedCopyService(QueuedCopyService):
             send_tensors, send_spans = pattern.sends.remote_part(sends[1], send_spans)
             recv_tensors, recv_spans = pattern.recvs.remote_part(recvs[1], recv_spans)
             self._execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
+
+    def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        """The FLAGS column for the sends ``spans[rows]`` (this rank's remote sends), or
+        None for none. Backends whose plan depends on where a source lies override it."""
+        return None
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
         """This rank's plan from every rank's op tables; ``.windows`` is empty when it

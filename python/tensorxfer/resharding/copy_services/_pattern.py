@@ -105,18 +105,23 @@ class OpPattern:
             f"the local send has {sent} bytes, the local recv {received} bytes"
         )
 
-    def tables(self, send_nbytes: np.ndarray, recv_nbytes: np.ndarray) -> Tuple[np.ndarray, np.ndarray, bytes]:
+    def tables(self, send_nbytes: np.ndarray, recv_nbytes: np.ndarray,
+               send_flags: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, bytes]:
         """(send table, receive table, digest) of the remote ops with these byte sizes
-        (every op's, in submit order); the last ones while the sizes stay the same."""
+        (every op's, in submit order) and send flags (the remote sends', or None for
+        none: see _planning.FLAGS); the last ones while sizes and flags stay the same."""
         if not self.sends.all_remote:
             send_nbytes = send_nbytes[self.sends.remote]
         if not self.recvs.all_remote:
             recv_nbytes = recv_nbytes[self.recvs.remote]
         cached = self._tables
         if (cached is not None and np.array_equal(cached[0][:, _planning.NBYTES], send_nbytes)
-                and np.array_equal(cached[1][:, _planning.NBYTES], recv_nbytes)):
+                and np.array_equal(cached[1][:, _planning.NBYTES], recv_nbytes)
+                and (not cached[0][:, _planning.FLAGS].any() if send_flags is None
+                     else np.array_equal(cached[0][:, _planning.FLAGS], send_flags))):
             return cached
-        send_table = _planning.op_table(self.sends.remote_ids, self.me, self.sends.remote_peers, send_nbytes)
+        send_table = _planning.op_table(self.sends.remote_ids, self.me, self.sends.remote_peers, send_nbytes,
+                                        send_flags)
         recv_table = _planning.op_table(self.recvs.remote_ids, self.recvs.remote_peers, self.me, recv_nbytes)
         self._tables = (send_table, recv_table, _planning.digest(send_table, recv_table))
         return self._tables

@@ -31,14 +31,18 @@ import numpy as np
 
 from tensorxfer.resharding.copy_services.base import TaskMismatchError
 
-# Columns of an op table (int64): the key (anon, a, b) and the op itself.
+# Columns of an op table (int64): the key (anon, a, b), the op itself, and
+# backend-specific flags of the op (see FLAG_*; part of the plan's digest).
 # Explicit task id: anon=0, a=task_id, b=0. task_id=None: anon=1, a=src*2^31+dst, b=index.
-ANON, KEY_A, KEY_B, SRC, DST, NBYTES, LOCAL_INDEX = range(7)
-COLUMNS = 7
+ANON, KEY_A, KEY_B, SRC, DST, NBYTES, LOCAL_INDEX, FLAGS = range(8)
+COLUMNS = 8
 _PAIR_SHIFT = 31
+#: A send whose source lies in the sender's shared send buffer (shm backend).
+FLAG_IN_SEND_BUFFER = 1
 
 
-def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any, nbytes: Any) -> np.ndarray:
+def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any, nbytes: Any,
+             flags: Any = None) -> np.ndarray:
     """The (n, COLUMNS) int64 table of n remote ops, LOCAL_INDEX = position in the given lists."""
     count = len(task_ids)
     table = np.zeros((count, COLUMNS), np.int64)
@@ -48,6 +52,8 @@ def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any,
     table[:, DST] = destinations
     table[:, NBYTES] = nbytes
     table[:, LOCAL_INDEX] = np.arange(count)
+    if flags is not None:
+        table[:, FLAGS] = flags
     try:
         table[:, KEY_A] = np.fromiter(cast(Sequence[int], task_ids), np.int64, count)
         return table

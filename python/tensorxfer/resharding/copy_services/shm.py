@@ -10,6 +10,11 @@ backends; the remote tasks then move in two ways:
   chunks), where the kernel permits it between the two processes -- probed once
   per service for every pair (``cma_pairs``; ``python -m tensorxfer info``
   reports the machine-wide answer);
+* any task whose source lies in the sender's shared send buffer
+  (:meth:`ShmCopyService.buffer`, ``buffer_bytes`` at construction): the
+  receiver copies it straight from that mapping, one user-space copy (about
+  twice as fast as cross-memory attach, ``bench/cpp/transport_floor``, and
+  permitted wherever the ranks share memory);
 * everything else through the pipeline executor: a schedule every rank
   computes alike packs tasks into batches, and double-buffered slots in an
   :class:`~tensorxfer.runtime.IpcMemory` move them (pack next, unpack previous,
@@ -35,12 +40,15 @@ from tensorxfer.resharding.copy_services._batched import BatchedCopyService
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
-from tensorxfer.runtime.ipc_memory import IpcMemory
+from tensorxfer.runtime.ipc_memory import IpcMemory, typed_view
 
 #: Bytes of one pipeline slot (each rank maps two send and two receive slots).
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
+#: What a sender publishes for a task whose source is not in its shared send buffer.
+_NOT_IN_BUFFER = np.uint64(2**64 - 1)
+_PAGE = 4096
 
 
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
@@ -68,12 +76,15 @@ class ShmPlan:
     pipe_send_local: np.ndarray
     pipe_recv_ids: np.ndarray
     pipe_recv_local: np.ndarray
-    # Cross-memory tasks: schedule task ids in key order, with source rank and sizes;
-    # this rank's local indices for those it sends / receives.
-    cma_ids: np.ndarray
-    cma_src: np.ndarray
-    cma_send_local: Dict[int, int]
-    cma_recv_local: Dict[int, int]
+    # Direct tasks (read by the receiver from the sender's memory: its shared send
+    # buffer, else by cross-memory attach): schedule task ids in key order, with
+    # their source ranks; this rank's (task ids, local op indices) as sender / receiver.
+    direct_ids: np.ndarray
+    direct_src: np.ndarray
+    direct_send_ids: np.ndarray
+    direct_send_local: np.ndarray
+    direct_recv_ids: np.ndarray
+    direct_recv_local: np.ndarray
     staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
 
 
@@ -84,6 +95,8 @@ class ShmCopyService(BatchedCopyService):
     or None for the default torch.distributed group. ``slot_nbytes`` sizes the
     pipeline's slots (a multiple of 64), ``max_tasks_per_batch`` bounds a batch,
     ``cma_min_bytes`` is where cross-memory attach takes over (None: never).
+    ``buffer_bytes`` sizes this rank's shared send buffer (:meth:`buffer`; the
+    same on every rank, 0 = none).
     Collective construction: every rank of the group builds its service together.
     """
 
@@ -91,7 +104,7 @@ class ShmCopyService(BatchedCopyService):
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
-                 cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES) -> None:
+                 cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES, buffer_bytes: int = 0) -> None:
         local, self._owns_group = as_local_group(group, timeout)
         self._local = local
         super().__init__(group, timeout=timeout)
@@ -99,11 +112,18 @@ class ShmCopyService(BatchedCopyService):
             raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
         if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
             raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
+        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
+            raise ValueError(f"buffer_bytes: expected an integer >= 0, got {buffer_bytes!r}")
         self.slot_nbytes = slot_nbytes
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
         self._engine = default_copy_engine()
-        self._memory = IpcMemory.create(local, int(_core.pipeline_region_nbytes(slot_nbytes)), timeout=timeout)
+        pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
+        # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
+        self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
+        self.buffer_bytes = buffer_bytes
+        self.buffer_tasks_read = 0  # large tasks received straight from a peer's send buffer, in all runs
+        self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
         self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
         self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
 
@@ -118,6 +138,22 @@ class ShmCopyService(BatchedCopyService):
     def world_size(self) -> int:
         """Ranks in the group."""
         return self._local.world_size
+
+    def buffer(self, dtype: Any, shape: Any) -> Any:
+        """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
+
+        Tasks whose source lies in it (contiguous, whole) are read by their
+        receiver straight from the shared mapping, in one user-space copy,
+        whatever their size and whether or not cross-memory attach is
+        permitted. Views start at the
+        buffer's first byte; slice the result to hold several tensors. Write it
+        between runs only: receivers read it until run() returns on every rank.
+        Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
+        """
+        self._check_open("buffer")
+        region = self._memory._native.region(self.rank)
+        start = self._buffer_offset
+        return typed_view(region[start:start + self.buffer_bytes], dtype, shape, "ShmCopyService.buffer")
 
     def close(self) -> None:
         """Unmaps the slots and (if this service made it) leaves the group."""
@@ -179,6 +215,20 @@ class ShmCopyService(BatchedCopyService):
 
     # ---- planning -----------------------------------------------------------------------
 
+    def _buffer_bounds(self) -> Tuple[int, int]:
+        """[start, end) of this rank's send buffer in its own address space."""
+        start = int(self._memory.remote_data[self.rank]) + self._buffer_offset
+        return start, start + self.buffer_bytes
+
+    def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        if self.buffer_bytes == 0:
+            return None
+        start, end = self._buffer_bounds()
+        address = spans.address[rows].astype(np.uint64)
+        inside = spans.contiguous[rows] & (address >= np.uint64(start)) & \
+            (address + spans.nbytes[rows].astype(np.uint64) <= np.uint64(end))
+        return inside.astype(np.int64) * _planning.FLAG_IN_SEND_BUFFER
+
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
         empty = np.zeros((0, _planning.COLUMNS), np.int64)
         all_sends = np.concatenate([s for s, _ in tables]) if tables else empty
@@ -188,10 +238,13 @@ class ShmCopyService(BatchedCopyService):
         count = sends.shape[0]
         ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
         src, dst, nbytes = sends[:, _planning.SRC], sends[:, _planning.DST], sends[:, _planning.NBYTES]
-        cma = np.zeros(count, bool)
+        # Direct: sources in the sender's send buffer (any size), and large ones
+        # where cross-memory attach is permitted; the rest goes through the pipeline.
+        direct = (sends[:, _planning.FLAGS] & _planning.FLAG_IN_SEND_BUFFER) != 0
         if self.cma_min_bytes is not None and count:
-            cma = (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
-        pipe = ~cma & (nbytes > 0)
+            direct |= (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
+        direct &= nbytes > 0
+        pipe = ~direct & (nbytes > 0)
         rows = np.stack([ids[pipe], nbytes[pipe], src[pipe], dst[pipe]], axis=1) if count else np.zeros((0, 4), np.int64)
         pipeline = _core.plan_pipeline(rows, self.world_size, self.slot_nbytes, self.max_tasks_per_batch, me)
         mine_send = pipe & (src == me)
@@ -200,16 +253,18 @@ class ShmCopyService(BatchedCopyService):
         # when any rank has something to move, so the condition is global.
         return ShmPlan(
             digests=digests,
-            windows=[True] if (pipeline.num_iterations or cma.any()) else [],
+            windows=[True] if (pipeline.num_iterations or direct.any()) else [],
             pipeline=pipeline,
             pipe_send_ids=ids[mine_send].astype(np.uint64),
             pipe_send_local=sends[mine_send, _planning.LOCAL_INDEX],
             pipe_recv_ids=ids[mine_recv].astype(np.uint64),
             pipe_recv_local=recvs[mine_recv, _planning.LOCAL_INDEX],
-            cma_ids=ids[cma],
-            cma_src=src[cma],
-            cma_send_local={int(i): int(sends[i, _planning.LOCAL_INDEX]) for i in np.flatnonzero(cma & (src == me))},
-            cma_recv_local={int(i): int(recvs[i, _planning.LOCAL_INDEX]) for i in np.flatnonzero(cma & (dst == me))},
+            direct_ids=ids[direct],
+            direct_src=src[direct],
+            direct_send_ids=ids[direct & (src == me)],
+            direct_send_local=sends[direct & (src == me), _planning.LOCAL_INDEX],
+            direct_recv_ids=ids[direct & (dst == me)],
+            direct_recv_local=recvs[direct & (dst == me), _planning.LOCAL_INDEX],
         )
 
     # ---- execution ----------------------------------------------------------------------
@@ -233,9 +288,10 @@ class ShmCopyService(BatchedCopyService):
             recv_targets[i] = staged
             recv_addresses[i] = _tensors.describe(staged).address
 
-        if plan.cma_ids.size:
-            with self._group_wait("the cross-memory reads"):
-                self._read_across_processes(plan, send_addresses, recv_targets, timeout)
+        if plan.direct_ids.size:
+            with self._group_wait("the direct reads"):
+                self._read_directly(plan, send_addresses, send_spans.nbytes, recv_targets, recv_addresses,
+                                    recv_spans.nbytes, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
         self._executor.set_task_memory(
             plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
@@ -250,18 +306,54 @@ class ShmCopyService(BatchedCopyService):
         for target, staged in copy_back:
             _tensors.copy_bytes_into(target, staged)
 
-    def _read_across_processes(self, plan: ShmPlan, send_addresses: np.ndarray, recv_targets: List[Any],
-                               timeout: Optional[float]) -> None:
-        """Receivers read large tasks straight from their senders' tensors."""
-        mine = {task: int(send_addresses[local]) for task, local in plan.cma_send_local.items()}
-        table = np.array(sorted(mine.items()), np.uint64).reshape(-1, 2)
-        where: Dict[int, int] = {}
-        for data in self._local.all_gather_bytes(table.tobytes(), timeout):
-            for task, address in np.frombuffer(data, np.uint64).reshape(-1, 2):
-                where[int(task)] = int(address)
-        for task, local in plan.cma_recv_local.items():
-            src = int(plan.cma_src[np.searchsorted(plan.cma_ids, task)])
-            _core.read_process_memory(self._pids[src], where[task], recv_targets[local], self._engine)
+    def _read_directly(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
+                       recv_targets: List[Any], recv_addresses: np.ndarray, recv_nbytes: np.ndarray,
+                       timeout: Optional[float]) -> None:
+        """Receivers read direct tasks straight from their senders' memory: from a
+        sender's shared send buffer with a plain copy, else by cross-memory attach."""
+        start, end = self._buffer_bounds()
+        addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
+        # Where each of my direct sends is: its address, and its offset in my send
+        # buffer (or _NOT_IN_BUFFER). Sent as (task, address, offset) rows.
+        inside = (addresses >= np.uint64(start)) & \
+            (addresses + send_nbytes[plan.direct_send_local].astype(np.uint64) <= np.uint64(end))
+        offsets = np.where(inside, addresses - np.uint64(start), _NOT_IN_BUFFER)
+        table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
+        gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
+                    for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
+        rows = np.concatenate(gathered) if gathered else np.zeros((0, 3), np.uint64)
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        if plan.direct_recv_ids.size == 0:
+            return
+        where = np.searchsorted(rows[:, 0], plan.direct_recv_ids.astype(np.uint64))
+        if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, rows.shape[0] - 1), 0]
+                                                     != plan.direct_recv_ids.astype(np.uint64)):
+            raise RuntimeError(f"{self.backend_name}: a sender did not publish the address of a direct task")
+        published = rows[where]
+        sources = plan.direct_src[np.searchsorted(plan.direct_ids, plan.direct_recv_ids)]
+        nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
+        from_buffer = published[:, 2] != _NOT_IN_BUFFER
+        if from_buffer.any():
+            offsets = published[from_buffer, 2]
+            sizes = nbytes[from_buffer]
+            # Every rank's buffer has buffer_bytes (IpcMemory checks the region sizes): a
+            # peer's offsets are checked against it before anything is read.
+            if np.any(offsets + sizes > np.uint64(self.buffer_bytes)) or np.any(offsets > np.uint64(self.buffer_bytes)):
+                raise RuntimeError(f"{self.backend_name}: a peer published a task past its "
+                                   f"{self.buffer_bytes}-byte send buffer")
+            bases = np.array([int(self._memory.remote_data[r]) + self._buffer_offset for r in range(self.world_size)],
+                             np.uint64)
+            spans = np.stack([bases[sources[from_buffer]] + offsets,
+                              recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
+            _core.copy_spans(np.ascontiguousarray(spans), self._engine)
+            self.buffer_tasks_read += int(from_buffer.sum())
+        for i in np.flatnonzero(~from_buffer):
+            src = int(sources[i])
+            if not self.cma_pairs[src, self.rank]:
+                raise RuntimeError(f"{self.backend_name}: rank {src} sent a task from outside its send buffer that "
+                                   f"rank {self.rank} may not read by cross-memory attach")
+            _core.read_process_memory(self._pids[src], int(published[i, 1]), recv_targets[int(plan.direct_recv_local[i])],
+                                      self._engine)
 
 
 __all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]
