@@ -1,11 +1,22 @@
-"""Shared fixtures: every test must leave /dev/shm as it found it."""
+"""Shared fixtures: every test must leave /dev/shm as it found it.
+
+Also: the Ctrl-C tests need SIGINT to reach Python. A shell starts background
+jobs (``cmd &`` without job control, ``nohup``) with SIGINT ignored, Python
+then keeps it ignored, and so would every process the tests spawn: a wait
+meant to end on KeyboardInterrupt would never end. The suite restores
+Python's handler once, here; spawned processes then start with the default.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "tensorxfer-"
