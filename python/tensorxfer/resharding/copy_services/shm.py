@@ -311,39 +311,22 @@ class ShmCopyService(BatchedCopyService):
                        timeout: Optional[float]) -> None:
         """Receivers read direct tasks straight from their senders' memory: from a
         sender's shared send buffer with a plain copy, else by cross-memory attach."""
-        start, end = self._buffer_bounds()
-        addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
-        # Where each of my direct sends is: its address, and its offset in my send
-        # buffer (or _NOT_IN_BUFFER). Sent as (task, address, offset) rows.
-        inside = (addresses >= np.uint64(start)) & \
-            (addresses + send_nbytes[plan.direct_send_local].astype(np.uint64) <= np.uint64(end))
-        offsets = np.where(inside, addresses - np.uint64(start), _NOT_IN_BUFFER)
-        table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
-        gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
-                    for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
-        rows = np.concatenate(gathered) if gathered else np.zeros((0, 3), np.uint64)
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        published = self._exchange_direct_addresses(plan, send_addresses, send_nbytes, timeout)
         if plan.direct_recv_ids.size == 0:
             return
-        where = np.searchsorted(rows[:, 0], plan.direct_recv_ids.astype(np.uint64))
-        if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, rows.shape[0] - 1), 0]
-                                                     != plan.direct_recv_ids.astype(np.uint64)):
-            raise RuntimeError(f"{self.backend_name}: a sender did not publish the address of a direct task")
-        published = rows[where]
         sources = plan.direct_src[np.searchsorted(plan.direct_ids, plan.direct_recv_ids)]
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
         from_buffer = published[:, 2] != _NOT_IN_BUFFER
         if from_buffer.any():
-            offsets = published[from_buffer, 2]
-            sizes = nbytes[from_buffer]
+            offsets, sizes = published[from_buffer, 2], nbytes[from_buffer]
             # Every rank's buffer has buffer_bytes (IpcMemory checks the region sizes): a
             # peer's offsets are checked against it before anything is read.
-            if np.any(offsets + sizes > np.uint64(self.buffer_bytes)) or np.any(offsets > np.uint64(self.buffer_bytes)):
+            limit = np.uint64(self.buffer_bytes)
+            if np.any(offsets > limit) or np.any(sizes > limit - offsets):
                 raise RuntimeError(f"{self.backend_name}: a peer published a task past its "
                                    f"{self.buffer_bytes}-byte send buffer")
-            bases = np.array([int(self._memory.remote_data[r]) + self._buffer_offset for r in range(self.world_size)],
-                             np.uint64)
-            spans = np.stack([bases[sources[from_buffer]] + offsets,
+            regions = np.array(self._memory.remote_data, np.uint64) + np.uint64(self._buffer_offset)
+            spans = np.stack([regions[sources[from_buffer]] + offsets,
                               recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
             _core.copy_spans(np.ascontiguousarray(spans), self._engine)
             self.buffer_tasks_read += int(from_buffer.sum())
@@ -352,8 +335,29 @@ class ShmCopyService(BatchedCopyService):
             if not self.cma_pairs[src, self.rank]:
                 raise RuntimeError(f"{self.backend_name}: rank {src} sent a task from outside its send buffer that "
                                    f"rank {self.rank} may not read by cross-memory attach")
-            _core.read_process_memory(self._pids[src], int(published[i, 1]), recv_targets[int(plan.direct_recv_local[i])],
-                                      self._engine)
+            target = recv_targets[int(plan.direct_recv_local[i])]
+            _core.read_process_memory(self._pids[src], int(published[i, 1]), target, self._engine)
+
+    def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
+                                   timeout: Optional[float]) -> np.ndarray:
+        """Publishes where each of this rank's direct sends is -- (task, address, offset
+        in the send buffer or _NOT_IN_BUFFER) -- and returns the rows published for
+        this rank's direct receives, in plan.direct_recv_ids order."""
+        start, end = self._buffer_bounds()
+        addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
+        inside = (addresses >= np.uint64(start)) & \
+            (addresses + send_nbytes[plan.direct_send_local].astype(np.uint64) <= np.uint64(end))
+        offsets = np.where(inside, addresses - np.uint64(start), _NOT_IN_BUFFER)
+        table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
+        gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
+                    for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
+        rows = np.concatenate(gathered)
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        wanted = plan.direct_recv_ids.astype(np.uint64)
+        where = np.searchsorted(rows[:, 0], wanted)
+        if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, max(rows.shape[0] - 1, 0)), 0] != wanted):
+            raise RuntimeError(f"{self.backend_name}: a sender did not publish the address of a direct task")
+        return rows[where]
 
 
 __all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]
