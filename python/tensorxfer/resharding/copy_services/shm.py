@@ -77,14 +77,15 @@ class ShmPlan:
     pipe_recv_ids: np.ndarray
     pipe_recv_local: np.ndarray
     # Direct tasks (read by the receiver from the sender's memory: its shared send
-    # buffer, else by cross-memory attach): schedule task ids in key order, with
-    # their source ranks; this rank's (task ids, local op indices) as sender / receiver.
-    direct_ids: np.ndarray
-    direct_src: np.ndarray
+    # buffer, else by cross-memory attach). any_direct: whether any rank has one (every
+    # rank then takes part in the address exchange); this rank's (task ids, local op
+    # indices) as sender, and as receiver with each task's source rank.
+    any_direct: bool
     direct_send_ids: np.ndarray
     direct_send_local: np.ndarray
     direct_recv_ids: np.ndarray
     direct_recv_local: np.ndarray
+    direct_recv_src: np.ndarray
     staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
 
 
@@ -122,7 +123,7 @@ class ShmCopyService(BatchedCopyService):
         # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
         self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
         self.buffer_bytes = buffer_bytes
-        self.buffer_tasks_read = 0  # large tasks received straight from a peer's send buffer, in all runs
+        self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
         self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
         self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
         self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
@@ -144,10 +145,10 @@ class ShmCopyService(BatchedCopyService):
 
         Tasks whose source lies in it (contiguous, whole) are read by their
         receiver straight from the shared mapping, in one user-space copy,
-        whatever their size and whether or not cross-memory attach is
-        permitted. Views start at the
-        buffer's first byte; slice the result to hold several tensors. Write it
-        between runs only: receivers read it until run() returns on every rank.
+        whatever their size and whether or not cross-memory attach is permitted.
+        Views start at the buffer's first byte; slice the result to hold several
+        tensors. Write it between runs only: receivers read it until run()
+        returns on every rank.
         Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
@@ -215,18 +216,20 @@ class ShmCopyService(BatchedCopyService):
 
     # ---- planning -----------------------------------------------------------------------
 
-    def _buffer_bounds(self) -> Tuple[int, int]:
-        """[start, end) of this rank's send buffer in its own address space."""
-        start = int(self._memory.remote_data[self.rank]) + self._buffer_offset
-        return start, start + self.buffer_bytes
+    def _send_buffer_start(self) -> np.uint64:
+        """Where this rank's send buffer starts, in its own address space."""
+        return np.uint64(int(self._memory.remote_data[self.rank]) + self._buffer_offset)
+
+    def _in_send_buffer(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Whether each [address, address + nbytes) lies wholly in this rank's send buffer."""
+        start = self._send_buffer_start()
+        addresses = addresses.astype(np.uint64)
+        return (addresses >= start) & (addresses + nbytes.astype(np.uint64) <= start + np.uint64(self.buffer_bytes))
 
     def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
         if self.buffer_bytes == 0:
             return None
-        start, end = self._buffer_bounds()
-        address = spans.address[rows].astype(np.uint64)
-        inside = spans.contiguous[rows] & (address >= np.uint64(start)) & \
-            (address + spans.nbytes[rows].astype(np.uint64) <= np.uint64(end))
+        inside = spans.contiguous[rows] & self._in_send_buffer(spans.address[rows], spans.nbytes[rows])
         return inside.astype(np.int64) * _planning.FLAG_IN_SEND_BUFFER
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
@@ -259,12 +262,12 @@ class ShmCopyService(BatchedCopyService):
             pipe_send_local=sends[mine_send, _planning.LOCAL_INDEX],
             pipe_recv_ids=ids[mine_recv].astype(np.uint64),
             pipe_recv_local=recvs[mine_recv, _planning.LOCAL_INDEX],
-            direct_ids=ids[direct],
-            direct_src=src[direct],
+            any_direct=bool(direct.any()),
             direct_send_ids=ids[direct & (src == me)],
             direct_send_local=sends[direct & (src == me), _planning.LOCAL_INDEX],
             direct_recv_ids=ids[direct & (dst == me)],
             direct_recv_local=recvs[direct & (dst == me), _planning.LOCAL_INDEX],
+            direct_recv_src=src[direct & (dst == me)],
         )
 
     # ---- execution ----------------------------------------------------------------------
@@ -288,7 +291,7 @@ class ShmCopyService(BatchedCopyService):
             recv_targets[i] = staged
             recv_addresses[i] = _tensors.describe(staged).address
 
-        if plan.direct_ids.size:
+        if plan.any_direct:
             with self._group_wait("the direct reads"):
                 self._read_directly(plan, send_addresses, send_spans.nbytes, recv_targets, recv_addresses,
                                     recv_spans.nbytes, timeout)
@@ -314,7 +317,7 @@ class ShmCopyService(BatchedCopyService):
         published = self._exchange_direct_addresses(plan, send_addresses, send_nbytes, timeout)
         if plan.direct_recv_ids.size == 0:
             return
-        sources = plan.direct_src[np.searchsorted(plan.direct_ids, plan.direct_recv_ids)]
+        sources = plan.direct_recv_src
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
         from_buffer = published[:, 2] != _NOT_IN_BUFFER
         if from_buffer.any():
@@ -343,11 +346,9 @@ class ShmCopyService(BatchedCopyService):
         """Publishes where each of this rank's direct sends is -- (task, address, offset
         in the send buffer or _NOT_IN_BUFFER) -- and returns the rows published for
         this rank's direct receives, in plan.direct_recv_ids order."""
-        start, end = self._buffer_bounds()
         addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
-        inside = (addresses >= np.uint64(start)) & \
-            (addresses + send_nbytes[plan.direct_send_local].astype(np.uint64) <= np.uint64(end))
-        offsets = np.where(inside, addresses - np.uint64(start), _NOT_IN_BUFFER)
+        inside = self._in_send_buffer(addresses, send_nbytes[plan.direct_send_local])
+        offsets = np.where(inside, addresses - self._send_buffer_start(), _NOT_IN_BUFFER)
         table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
         gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
                     for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
