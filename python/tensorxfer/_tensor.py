@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tensorxfer import _core
 
 TensorView = _core.TensorView
@@ -68,7 +70,7 @@ def native_view(obj: Any, name: str) -> TensorView:
     function checks the same things itself (with the same messages)."""
     if isinstance(obj, TensorView):
         return obj
-    if type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy":
+    if type(obj) is np.ndarray:
         return _core.make_view(obj, name)  # nothing to prepare on a numpy array
     return _core.make_view(_prepare(obj), name)
 

@@ -352,6 +352,7 @@ void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::siz
   const int me = rank();
   std::byte* mine = buffer(me) + offset;
   const bool streaming = count * element >= kStreamingGatherBytes;
+  void (*const gather)(void*, const void*, std::size_t) noexcept = streaming ? copy::streaming_copy : copy_bytes;
   start_barrier(call, descriptor);
   // Reduce-scatter in place (only this rank reads its own slice), then gather.
   const auto [begin, end] = slice_of(me, world, count, element);
@@ -361,13 +362,7 @@ void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::siz
   for (int r = 0; r < world; ++r) {
     if (r == me) continue;
     const auto [from, to] = slice_of(r, world, count, element);
-    std::byte* target = mine + from * element;
-    const std::byte* source = buffer(r) + offset + from * element;
-    if (streaming) {
-      copy::streaming_copy(target, source, (to - from) * element);
-    } else {
-      copy_bytes(target, source, (to - from) * element);
-    }
+    gather(mine + from * element, buffer(r) + offset + from * element, (to - from) * element);
   }
   if (streaming) copy::streaming_fence();
   out_barrier(call, "end");  // nobody reads my slice any more: the caller may write the buffer
