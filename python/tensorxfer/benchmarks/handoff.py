@@ -22,8 +22,9 @@ shared tensors whose index comes back on a second queue.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -123,6 +124,35 @@ def _make_sender(transport: str, channel: Any, source: np.ndarray) -> Callable[[
 
 # ---- consumer side (the benchmark process) ---------------------------------------
 
+def _thread_schedstat_ns() -> Optional[tuple[int, int]]:
+    """(ns on a CPU, ns runnable but waiting for one) of the calling thread; None if unknown.
+
+    From /proc/<pid>/task/<tid>/schedstat (Linux, CONFIG_SCHED_INFO).
+    """
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as stats:
+            on_cpu, waiting = stats.read().split()[:2]
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):
+        return None
+
+
+class _LoopClock:
+    """Wall time, the process's CPU time and the calling thread's scheduler times from one point on."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu, self.sched = time.monotonic(), time.process_time(), _thread_schedstat_ns()
+
+    def shares(self) -> tuple[float, Optional[float], float]:
+        """(process CPU share, thread demand share or None, process CPU seconds) since construction."""
+        wall = max(time.monotonic() - self.wall, 1e-9)
+        cpu = time.process_time() - self.cpu
+        sched = _thread_schedstat_ns()
+        demand = None
+        if self.sched is not None and sched is not None:
+            demand = ((sched[0] - self.sched[0]) + (sched[1] - self.sched[1])) / 1e9 / wall
+        return cpu / wall, demand, cpu
+
 class _Consumer:
     """Owns one transport's consumer end and its producer process."""
 
@@ -130,6 +160,8 @@ class _Consumer:
         self.transport = transport
         self.payload_nbytes = payload_nbytes
         self.cpu_share = 0.0
+        self.cpu_demand_share: Optional[float] = None
+        self.cpu_us_per_batch = 0.0
         self.ring = None
         if transport.startswith("slot_ring"):
             from tensorxfer.ipc import SlotRing
@@ -176,11 +208,17 @@ class _Consumer:
         self.free_queue.put(index)
         return sent_ns, sequence
 
-    def run(self, count: int, interval_s: float) -> list[tuple[int, int]]:
+    def run(self, count: int, interval_s: float, warmup: int = 0) -> list[tuple[int, int]]:
         """Starts the producer, receives ``count`` batches; returns (sent ns, received ns) pairs.
 
-        Also sets ``cpu_share``: this (the consumer) process's CPU time over the
-        wall time of the receive loop (1.0 = one core busy all the time).
+        Also sets, over the batches after the first ``warmup`` (the producer's
+        start-up is not the wait's cost): ``cpu_share``, this (the consumer)
+        process's CPU time over the loop's wall time (1.0 = one core busy all
+        the time; helper threads such as a queue's feeder count);
+        ``cpu_demand_share``, the time the receiving thread was running or
+        runnable (waiting for a CPU: a spinning waiter that yields to other
+        work stays runnable) over the wall time, or None where the kernel does
+        not say; and ``cpu_us_per_batch``, the process's CPU time per batch.
         """
         ready, go, done = self.context.Event(), self.context.Event(), self.context.Event()
         producer = self.context.Process(
@@ -192,13 +230,16 @@ class _Consumer:
                 raise TimeoutError(f"{self.transport} producer did not start within 60 s")
             go.set()
             stamps = []
-            cpu_begin, wall_begin = time.process_time(), time.monotonic()
+            clock = _LoopClock()
             for expected in range(count):
+                if expected == warmup:
+                    clock = _LoopClock()
                 sent_ns, sequence = self.receive()
                 stamps.append((sent_ns, time.monotonic_ns()))
                 if sequence != expected:
                     raise RuntimeError(f"{self.transport}: got batch {sequence}, expected {expected}")
-            self.cpu_share = (time.process_time() - cpu_begin) / max(time.monotonic() - wall_begin, 1e-9)
+            self.cpu_share, self.cpu_demand_share, cpu_s = clock.shares()
+            self.cpu_us_per_batch = 1e6 * cpu_s / max(count - min(warmup, count), 1)
             done.set()
             producer.join(_TIMEOUT_S)
             return stamps
@@ -219,18 +260,34 @@ class _Consumer:
 
 def measure_latency(transport: str, count: int, interval_s: float, warmup: int) -> list[float]:
     """Handoff latencies in microseconds of ``count`` 64-byte batches (first ``warmup`` dropped)."""
-    return measure_latency_and_cpu(transport, count, interval_s, warmup)[0]
+    return measure_consumer_cost(transport, count, interval_s, warmup).latencies_us
 
 
-def measure_latency_and_cpu(transport: str, count: int, interval_s: float,
-                            warmup: int) -> tuple[list[float], float]:
-    """Like :func:`measure_latency`, plus the consumer process's CPU use in percent of one core."""
+class ConsumerCost(NamedTuple):
+    """What receiving cost the consumer (batches after the warm-up only)."""
+
+    latencies_us: list[float]
+    cpu_percent: float  # the process's CPU time over wall time, % of one core
+    demand_percent: Optional[float]  # receiving thread running or waiting for a CPU, % of wall (None: unknown)
+    cpu_us_per_batch: float  # the process's CPU time per batch
+
+
+def measure_consumer_cost(transport: str, count: int, interval_s: float, warmup: int) -> ConsumerCost:
+    """Latencies and CPU cost of ``count`` 64-byte batches sent every ``interval_s``.
+
+    ``cpu_percent`` is what the consumer got; ``demand_percent`` what its waits
+    asked for: on a busy machine a spinning wait that yields to other work gets
+    little CPU yet stays runnable, so only the demand tells the policies apart
+    whatever the load.
+    """
     consumer = _Consumer(transport, payload_nbytes=64, torch_pool=_TORCH_POOL_LATENCY)
     try:
-        stamps = consumer.run(count + warmup, interval_s)
+        stamps = consumer.run(count + warmup, interval_s, warmup)
     finally:
         consumer.close()
-    return [(received - sent) / 1e3 for sent, received in stamps[warmup:]], 100.0 * consumer.cpu_share
+    demand = None if consumer.cpu_demand_share is None else 100.0 * consumer.cpu_demand_share
+    return ConsumerCost([(received - sent) / 1e3 for sent, received in stamps[warmup:]],
+                        100.0 * consumer.cpu_share, demand, consumer.cpu_us_per_batch)
 
 
 def measure_throughput(transport: str, count: int, payload_nbytes: int) -> float:

@@ -136,12 +136,16 @@ def bench_handoff(report: Report, sizes: dict) -> None:
     p99s: dict[str, list[float]] = {t: [] for t in transports}
     rates: dict[str, list[float]] = {t: [] for t in transports}
     cpus: dict[str, list[float]] = {t: [] for t in transports}
+    demands: dict[str, list[float]] = {t: [] for t in transports}
     for round_index in range(sizes["handoff_rounds"]):
         shift = round_index % len(transports)
         for transport in transports[shift:] + transports[:shift]:
-            lat, cpu = handoff.measure_latency_and_cpu(transport, sizes["latency_batches"], sizes["interval_s"],
-                                                       sizes["latency_warmup"])
-            cpus[transport].append(cpu)
+            cost = handoff.measure_consumer_cost(transport, sizes["latency_batches"], sizes["interval_s"],
+                                                 sizes["latency_warmup"])
+            lat = cost.latencies_us
+            cpus[transport].append(cost.cpu_percent)
+            if cost.demand_percent is not None:
+                demands[transport].append(cost.demand_percent)
             p50s[transport].append(percentile(lat, 50))
             p99s[transport].append(percentile(lat, 99))
             rates[transport].append(handoff.measure_throughput(
@@ -151,6 +155,9 @@ def bench_handoff(report: Report, sizes: dict) -> None:
         report.add(latency_case, label, "p50", p50s[transport], "us", lower_is_better=True)
         report.add(latency_case, label, "p99", p99s[transport], "us", lower_is_better=True)
         report.add(latency_case, label, "consumer CPU", cpus[transport], "% of a core", lower_is_better=True)
+        if demands[transport]:
+            report.add(latency_case, label, "consumer CPU wanted", demands[transport], "% of a core",
+                       lower_is_better=True)
         report.add(throughput_case, label, "throughput", rates[transport], "batches/s", lower_is_better=False)
         report.add(throughput_case, label, "bandwidth",
                    [r * sizes["throughput_bytes"] / 1e9 for r in rates[transport]], "GB/s",
@@ -167,7 +174,9 @@ def bench_handoff(report: Report, sizes: dict) -> None:
     report.note(f"latency p50/p99 are medians over {sizes['handoff_rounds']} rounds of "
                 f"{sizes['latency_batches']} batches each; throughput is the median of the rounds")
     report.note("consumer CPU: the consumer process's CPU time over wall time during the latency run "
-                "(a waiter that spins trades CPU for latency)")
+                "(a waiter that spins trades CPU for latency); wanted: the time its receiving thread was "
+                "running or waiting for a CPU (/proc schedstat), which on a busy machine shows a spinning "
+                "waiter that yields the CPU it did not get")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
