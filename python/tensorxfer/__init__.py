@@ -13,6 +13,7 @@ Importing the package prints nothing and starts no threads.
 
 from tensorxfer import _core
 from tensorxfer.errors import (
+    ClosedError,
     CorruptSegmentError,
     PeerLost,
     PeerLostError,
@@ -31,6 +32,7 @@ def capabilities() -> dict:
 __all__ = [
     "__version__",
     "capabilities",
+    "ClosedError",
     "CorruptSegmentError",
     "PeerLost",
     "PeerLostError",

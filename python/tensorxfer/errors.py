@@ -49,4 +49,11 @@ class UnsupportedError(TensorxferError):
     """The operation needs something this build or this machine lacks."""
 
 
-__all__ = ["TensorxferError", "PeerLostError", "PeerLost", "CorruptSegmentError", "UnsupportedError"]
+class ClosedError(TensorxferError, ValueError):
+    """An object was used after its ``close()``: the one error for "used after close"
+    in every class (``"<kind> is closed"``).  It is a ``ValueError`` (as for a closed
+    Python file) and a ``RuntimeError`` (through :class:`TensorxferError`), so handlers
+    written for either keep working."""
+
+
+__all__ = ["TensorxferError", "PeerLostError", "PeerLost", "CorruptSegmentError", "UnsupportedError", "ClosedError"]
