@@ -164,18 +164,35 @@ NumaSystemCallProbe probe_set_mempolicy() {
   return probe_result("set_mempolicy", result, error_number);
 }
 
-// mbind and move_pages on one page mapped for the probe and unmapped after it.
+// One anonymous page for the probes, unmapped on scope exit.
+class ProbePage {
+ public:
+  ProbePage() : length_(page_size()) {
+    void* page = ::mmap(nullptr, length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) throw_system_error("mmap (NUMA probe page)");
+    page_ = page;
+  }
+  ProbePage(const ProbePage&) = delete;
+  ProbePage& operator=(const ProbePage&) = delete;
+  ~ProbePage() { ::munmap(page_, length_); }
+  void* address() const { return page_; }
+  std::size_t length() const { return length_; }
+
+ private:
+  std::size_t length_;
+  void* page_ = nullptr;
+};
+
+// mbind and move_pages on a page of their own.
 std::vector<NumaSystemCallProbe> probe_mbind_and_move_pages() {
-  const std::size_t length = page_size();
-  void* page = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (page == MAP_FAILED) throw_system_error("mmap (NUMA probe page)");
-  const long bound = sys_mbind(page, length, MPOL_DEFAULT, nullptr, 0, 0);
+  const ProbePage page;
+  const long bound = sys_mbind(page.address(), page.length(), MPOL_DEFAULT, nullptr, 0, 0);
   const int bind_error = errno;
-  static_cast<volatile char*>(page)[0] = 1;
+  static_cast<volatile char*>(page.address())[0] = 1;  // resident, so move_pages finds a node
+  void* pages[] = {page.address()};
   int status = 0;
-  const long moved = sys_move_pages(1, &page, nullptr, &status, 0);
+  const long moved = sys_move_pages(1, pages, nullptr, &status, 0);
   const int move_error = errno;
-  ::munmap(page, length);
   return {probe_result("mbind", bound, bind_error), probe_result("move_pages", moved, move_error)};
 }
 
