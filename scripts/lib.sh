@@ -2,10 +2,10 @@
 # Installs only what is missing: Debian packages, a virtual environment, the package.
 
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# libdlpack-dev and libnuma-dev are optional for the package (it declares the DLPack ABI itself
-# and runs without libnuma); the tests use them: DlpackAbiTest compares the two DLPack
-# declarations, the NUMA tests need libnuma.
-DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev libnuma-dev
+# libdlpack-dev is optional for the package (it declares the DLPack ABI itself); the tests
+# use it: DlpackAbiTest compares the two DLPack declarations. NUMA needs no package: the
+# core makes the kernel's NUMA system calls itself.
+DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev
                  libgtest-dev libbenchmark-dev)
 TORCH_VERSION=2.13.0
 

@@ -207,11 +207,6 @@ void bind_common(py::module_& module) {
 #else
   build["cuda"] = false;
 #endif
-#ifdef TENSORXFER_WITH_NUMA
-  build["numa"] = true;
-#else
-  build["numa"] = false;
-#endif
   module.attr("build_info") = build;
 
   py::class_<PyTensorView>(module, "TensorView",

@@ -145,6 +145,36 @@ void bind_numa(py::module_& module) {
   module.def("numa_nodes_with_memory", &memory::numa_nodes_with_memory);
   module.def("current_numa_node", &memory::current_numa_node);
   module.def(
+      "numa_online_nodes",
+      [](const std::string& root) {
+        py::list out;
+        for (const memory::NumaNode& node : memory::numa_online_nodes(root)) {
+          py::dict entry;
+          entry["id"] = node.id;
+          entry["cpus"] = node.cpus;
+          entry["memory_bytes"] = node.memory_bytes;
+          out.append(entry);
+        }
+        return out;
+      },
+      py::arg("root") = "/sys/devices/system/node",
+      "The online NUMA nodes in sysfs: [{'id', 'cpus', 'memory_bytes'}] (empty without the directory).");
+  module.def(
+      "probe_numa_system_calls",
+      [] {
+        py::list out;
+        for (const memory::NumaSystemCallProbe& probe : memory::probe_numa_system_calls()) {
+          py::dict entry;
+          entry["name"] = probe.name;
+          entry["permitted"] = probe.permitted;
+          entry["errno"] = probe.error_number;
+          entry["detail"] = probe.detail;
+          out.append(entry);
+        }
+        return out;
+      },
+      "Tries get_mempolicy, set_mempolicy, mbind and move_pages now: [{'name', 'permitted', 'errno', 'detail'}].");
+  module.def(
       "bind_to_numa_node",
       [](const PyTensorView& tensor, const std::string& argument, int node) {
         py::gil_scoped_release released;

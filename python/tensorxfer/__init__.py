@@ -25,8 +25,17 @@ __version__: str = _core.__version__
 
 
 def capabilities() -> dict:
-    """What this build compiled in: ``{"version", "cuda", "numa"}``."""
-    return dict(_core.build_info)
+    """What tensorxfer can do here: ``{"version", "cuda", "numa"}``.
+
+    ``version`` and ``cuda`` are what this build compiled in. ``numa`` is whether
+    the kernel answers the NUMA system calls that placement uses (``get_mempolicy``,
+    ``mbind``, ``move_pages``), probed on each call: every build makes them itself
+    (no libnuma), but a kernel without NUMA or a container's seccomp profile can
+    refuse them. ``python -m tensorxfer info`` says which one and why.
+    """
+    found = dict(_core.build_info)
+    found["numa"] = bool(_core.numa_supported())
+    return found
 
 
 __all__ = [

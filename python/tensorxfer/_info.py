@@ -181,6 +181,51 @@ def numa_nodes(path: str = NUMA_DIR) -> list[int]:
     return sorted(int(name[4:]) for name in names if name.startswith("node") and name[4:].isdigit())
 
 
+def _id_ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the kernel's list format)."""
+    ranges: list[list[int]] = []
+    for value in ids:
+        if ranges and value == ranges[-1][1] + 1:
+            ranges[-1][1] = value
+        else:
+            ranges.append([value, value])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
+
+
+def numa() -> dict[str, Any]:
+    """NUMA as the kernel offers it now; no library is involved.
+
+    ``system_calls`` maps each NUMA system call (get_mempolicy, set_mempolicy, mbind,
+    move_pages) to ``{"permitted", "errno", "detail"}`` from a harmless real call:
+    in a container a seccomp profile may answer EPERM, a kernel without NUMA ENOSYS.
+    ``supported`` says whether the calls placement uses work (``capabilities()["numa"]``).
+    ``nodes`` are the online nodes of /sys/devices/system/node (``id``, ``cpus``,
+    ``memory_bytes``); ``nodes_with_memory`` those this process may allocate on.
+    """
+    try:
+        from tensorxfer import _core
+
+        calls = {probe["name"]: {"permitted": bool(probe["permitted"]), "errno": int(probe["errno"]),
+                                 "detail": str(probe["detail"])}
+                 for probe in _core.probe_numa_system_calls()}
+        reason = _core.numa_unsupported_reason()
+        nodes = [dict(node) for node in _core.numa_online_nodes()]
+        with_memory = list(_core.numa_nodes_with_memory())
+    except Exception as error:  # a probe must never break `info`
+        return {"supported": False, "detail": f"probe failed: {error!r}", "system_calls": {},
+                "nodes": [], "nodes_with_memory": []}
+    return {"supported": not reason, "detail": reason or "ok", "system_calls": calls,
+            "nodes": nodes, "nodes_with_memory": with_memory}
+
+
+def _numa_text(info: dict[str, Any]) -> tuple[str, str]:
+    nodes = "; ".join(f"{node['id']} (cpus {_id_ranges(node['cpus']) or 'none'}, {_bytes(node['memory_bytes'])})"
+                      for node in info["nodes"]) or "none in sysfs"
+    calls = ", ".join(f"{name} {'yes' if call['permitted'] else 'no: ' + call['detail']}"
+                      for name, call in info["system_calls"].items()) or info["detail"]
+    return nodes, calls
+
+
 def hugepages() -> dict[str, Any]:
     """Explicit huge pages (HugePages_* in /proc/meminfo) and transparent huge page mode."""
     info: dict[str, Any] = {"hugepage_size_bytes": None, "total": 0, "free": 0,
@@ -214,7 +259,7 @@ def collect() -> dict[str, Any]:
     compiled = tensorxfer.capabilities()
     return {
         "version": tensorxfer.__version__,
-        "compiled": {key: bool(compiled[key]) for key in ("cuda", "numa")},
+        "compiled": {"cuda": bool(compiled["cuda"])},
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": len(os.sched_getaffinity(0)),
@@ -224,6 +269,7 @@ def collect() -> dict[str, Any]:
         "cross_memory_attach": cross_memory_attach(),
         "futexes_across_processes": futexes_across_processes(),
         "numa_nodes": numa_nodes(),
+        "numa": numa(),
         "hugepages": hugepages(),
         "memlock_limit_bytes": _memlock_limit(),
     }
@@ -250,6 +296,7 @@ def format_text(info: dict[str, Any]) -> str:
     scope = "no yama" if cma["ptrace_scope"] is None else f"yama ptrace_scope={cma['ptrace_scope']}"
     huge = info["hugepages"]
     memlock = info["memlock_limit_bytes"]
+    numa_nodes_text, numa_calls_text = _numa_text(info["numa"])
     lines = [
         ("version", info["version"]),
         ("compiled in", compiled),
@@ -261,7 +308,8 @@ def format_text(info: dict[str, Any]) -> str:
         ("cross-memory attach", f"{yes[cma['permitted']]} ({scope}; {cma['detail']})"),
         ("futexes across processes", f"{yes[info['futexes_across_processes']['works']]} "
                                      f"({info['futexes_across_processes']['detail']})"),
-        ("numa nodes", ", ".join(map(str, info["numa_nodes"])) or "none"),
+        ("numa nodes", numa_nodes_text),
+        ("numa system calls", numa_calls_text),
         ("hugepages", f"{huge['free']}/{huge['total']} free of {_bytes(huge['hugepage_size_bytes'])}, "
                       f"transparent={huge['transparent']}"),
         ("memlock limit", "unlimited" if memlock is None else _bytes(memlock)),

@@ -30,7 +30,7 @@ def info() -> dict:
 def test_info_reports_version_and_compiled_features(info):
     assert info["version"] == tensorxfer.__version__
     compiled = tensorxfer.capabilities()
-    assert info["compiled"] == {key: bool(compiled[key]) for key in ("cuda", "numa")}
+    assert info["compiled"] == {"cuda": bool(compiled["cuda"])}  # NUMA is no build option
     assert info["cpus"] == len(os.sched_getaffinity(0))
 
 
@@ -62,6 +62,18 @@ def test_info_numa_nodes_agree_with_sysfs(info):
     expected = sorted(int(m.group(1)) for name in (os.listdir(root) if os.path.isdir(root) else [])
                       if (m := re.fullmatch(r"node(\d+)", name)))
     assert info["numa_nodes"] == expected
+
+
+def test_info_numa_reports_the_kernel_probes(info):
+    numa = info["numa"]
+    assert numa["supported"] == tensorxfer.capabilities()["numa"]
+    assert sorted(numa["system_calls"]) == ["get_mempolicy", "mbind", "move_pages", "set_mempolicy"]
+    placement = [numa["system_calls"][name]["permitted"] for name in ("get_mempolicy", "mbind", "move_pages")]
+    assert numa["supported"] == all(placement)
+    assert (numa["detail"] == "ok") == numa["supported"]
+    assert [node["id"] for node in numa["nodes"]] == [node["id"] for node in tensorxfer._core.numa_online_nodes()]
+    if os.path.isdir("/sys/devices/system/node"):
+        assert set(info["numa_nodes"]) >= {node["id"] for node in numa["nodes"]}
 
 
 def test_info_hugepages_agree_with_meminfo(info):
@@ -111,7 +123,7 @@ def test_info_text_lists_every_field():
     result = run_module("info")
     assert result.returncode == 0, result.stderr
     for label in ("version", "compiled in", "torch", "devices", "/dev/shm free",
-                  "cross-memory attach", "numa nodes", "hugepages"):
+                  "cross-memory attach", "numa nodes", "numa system calls", "hugepages"):
         assert re.search(rf"^{re.escape(label)}\s", result.stdout, re.M), (label, result.stdout)
     assert tensorxfer.__version__ in result.stdout
 

@@ -1,4 +1,12 @@
-"""NUMA placement of host tensors: bind their pages to a node and report where they are."""
+"""NUMA placement of host tensors: bind their pages to a node and report where they are.
+
+Every install has it: the core makes the kernel's NUMA system calls itself (no
+libnuma). Where the kernel refuses them (a kernel without NUMA: ENOSYS; a
+container's seccomp profile without CAP_SYS_NICE: EPERM) the calls raise
+``UnifiedMemoryUnsupportedError`` naming the system call and errno; any other
+failure of a system call is an ``OSError`` carrying its errno.
+``python -m tensorxfer info`` shows what the kernel permits.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +26,11 @@ def _host_view(tensor: Any, name: str) -> Any:
 
 
 def numa_nodes_with_memory() -> List[int]:
-    """The NUMA nodes this process can allocate memory on (raises UnifiedMemoryUnsupportedError without NUMA)."""
+    """The NUMA nodes this process can allocate memory on, ascending.
+
+    The online nodes with memory in /sys/devices/system/node, limited to the
+    process's cpuset; ``[0]`` on a machine without NUMA (it is one node).
+    """
     with unified_errors():
         return list(_core.numa_nodes_with_memory())
 
@@ -32,7 +44,9 @@ def bind_to_numa_node(tensor: Any, node: int) -> None:
     Raises:
         ValueError: ``node`` is not a node with memory (the message lists them),
             or the tensor is not contiguous host memory.
-        UnifiedMemoryUnsupportedError: NUMA is unavailable in this build/kernel.
+        UnifiedMemoryUnsupportedError: the kernel refuses ``mbind`` (ENOSYS, EPERM).
+        OSError: ``mbind`` failed otherwise (``errno`` set, e.g. EIO when a
+            resident page could not be moved).
     """
     view = _host_view(tensor, "tensor")
     if isinstance(node, bool):
@@ -50,6 +64,7 @@ def numa_nodes_of(tensor: Any) -> List[int]:
 
     Negative entries are ``-errno``: ``-errno.ENOENT`` for a page not resident
     yet, ``-errno.EFAULT`` for an unmapped one. An empty tensor gives ``[]``.
+    Raises ``UnifiedMemoryUnsupportedError`` where the kernel refuses ``move_pages``.
     """
     view = _host_view(tensor, "tensor")
     with unified_errors():

@@ -243,7 +243,9 @@ def advise_managed_tensor_preferred_location(tensor: Any, *, device: int) -> Non
 
     CUDA managed tensors get ``cudaMemAdviseSetPreferredLocation`` (a hint;
     no immediate migration). Host tensors with ``-1`` get a NUMA preference
-    (``MPOL_PREFERRED``) for the calling thread's node.
+    (``MPOL_PREFERRED``, through the ``mbind`` system call) for the calling
+    thread's node; where the kernel refuses ``mbind`` (ENOSYS, or EPERM under a
+    container's seccomp profile) this raises :class:`UnifiedMemoryUnsupportedError`.
 
     Args:
         tensor: CUDA tensor from the UVM mempool, or a contiguous host tensor/array.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "memory/memory_test_util.h"
+#include "memory/numa_test_util.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/memory/advice.h"
 
@@ -16,10 +17,14 @@ namespace {
 
 using testing::FreshMapping;
 
+// Runs wherever the kernel has NUMA and no seccomp filter stands in the way: there
+// the placement calls must work (no library is needed), so a refusal fails the test.
 class NumaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!numa_supported()) GTEST_SKIP() << numa_unsupported_reason();
+    const std::string refusal = testing::kernel_numa_refusal();
+    if (!refusal.empty()) GTEST_SKIP() << refusal;
+    ASSERT_TRUE(numa_supported()) << numa_unsupported_reason();
     nodes_ = numa_nodes_with_memory();
     ASSERT_FALSE(nodes_.empty());
   }

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from unified_memory_helpers import PAGE, mapping_containing, resident_pages
+from unified_memory_helpers import PAGE, kernel_numa_refusal, mapping_containing, resident_pages
 
 from tensorxfer import _core
 from tensorxfer.inference import unified_memory as um
@@ -156,8 +156,8 @@ def test_lock_pages_locks_or_reports_why_not():
 
 
 def test_numa_node_option():
-    if not _core.numa_supported():
-        pytest.skip(_core.numa_unsupported_reason())
+    if kernel_numa_refusal():
+        pytest.skip(kernel_numa_refusal())
     nodes = um.numa_nodes_with_memory()
     with um.create_host_mempool(numa_node=nodes[0]) as pool:
         assert pool.numa_node == nodes[0]

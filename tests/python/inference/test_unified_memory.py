@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from unified_memory_helpers import PAGE, gpu_status, numa_policy, page_count, reset_compile_state, resident_pages
+from unified_memory_helpers import (PAGE, gpu_status, kernel_numa_refusal, numa_policy, page_count, reset_compile_state,
+                                    resident_pages)
 
 import tensorxfer
 from tensorxfer import _core
@@ -221,8 +222,8 @@ def test_accessed_by_cpu_raises_as_the_reference_says():
 
 
 def test_preferred_location_cpu_sets_a_numa_preference_for_the_local_node():
-    if not _core.numa_supported():
-        pytest.skip(_core.numa_unsupported_reason())
+    if kernel_numa_refusal():
+        pytest.skip(kernel_numa_refusal())
     with um.create_host_mempool() as pool:
         array = pool.empty(4 * PAGE, np.uint8)
         assert numa_policy(array)["mode"] == "default"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from unified_memory_helpers import numa_policy, page_count, resident_pages
+from unified_memory_helpers import kernel_numa_refusal, numa_policy, page_count, resident_pages
 
 from tensorxfer import _core
 from tensorxfer.inference import unified_memory as um
@@ -86,8 +86,8 @@ def test_adopt_keeps_tied_weights_tied():
 
 
 def test_advise_module_prefers_the_local_node_for_parameters_only():
-    if not _core.numa_supported():
-        pytest.skip(_core.numa_unsupported_reason())
+    if kernel_numa_refusal():
+        pytest.skip(kernel_numa_refusal())
     with um.create_host_mempool() as pool:
         model = pooled_model(pool)
         assert um.advise_managed_module_parameters_preferred_location(model, device=-1) is None

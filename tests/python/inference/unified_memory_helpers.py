@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Tuple
 
 from tensorxfer import _core
@@ -23,6 +24,28 @@ def page_count(tensor: Any) -> int:
     first = view.data_ptr // PAGE
     last = (view.data_ptr + view.nbytes - 1) // PAGE
     return last - first + 1
+
+
+def _seccomp_mode() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Seccomp:"):
+                return int(line.split()[1])
+    return -1
+
+
+def kernel_numa_refusal() -> Optional[str]:
+    """Why the kernel may refuse NUMA system calls here, or None where they must work.
+
+    Decided without the code under test where possible: no /sys/devices/system/node
+    (a kernel without NUMA), or a seccomp filter on this process that refuses them.
+    Every install makes the calls itself, so elsewhere a refusal is a bug.
+    """
+    if not os.path.isdir("/sys/devices/system/node"):
+        return "this kernel has no NUMA support (no /sys/devices/system/node)"
+    if _seccomp_mode() != 0 and not _core.numa_supported():
+        return f"a seccomp filter refuses NUMA system calls here: {_core.numa_unsupported_reason()}"
+    return None
 
 
 def numa_policy(tensor: Any) -> dict:
