@@ -7,6 +7,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/streaming_copy.h"
@@ -126,14 +128,18 @@ struct Communicator::Call {
     deadline = timeout >= std::chrono::duration_cast<std::chrono::nanoseconds>(sync::WaitTime::max() - now)
                    ? sync::WaitTime::max()
                    : now + std::chrono::duration_cast<sync::WaitClock::duration>(timeout);
-    watch = [this] {
-      if (this->hook) this->hook();
-      this->owner.check_peers();
-    };
   }
 
   // Waits for `lines` at `epoch`; a timeout names the missing ranks.
   void wait(BarrierLines lines, uint64_t epoch, const char* stage) {
+    const std::function<void()> watch = [this, lines, epoch] {
+      try {
+        if (hook) hook();
+      } catch (const PeerLost&) {  // the group's liveness check, in the hook
+        if (!owner.barrier_.arrived(lines, epoch)) throw;
+      }
+      owner.watch_peers(lines, epoch);
+    };
     if (owner.barrier_.wait(lines, epoch, deadline, watch) == sync::WaitStatus::kReady) return;
     throw Timeout(detail::concat(operation, ": rank ", owner.rank(), " waited ", seconds_text(timeout), " at the ",
                                  stage, " barrier; ranks not arrived: ",
@@ -145,13 +151,20 @@ struct Communicator::Call {
   std::chrono::nanoseconds timeout;
   const sync::WaitHook& hook;
   sync::WaitTime deadline;
-  std::function<void()> watch;
 };
 
 // ---- construction -------------------------------------------------------------
 
-std::size_t Communicator::required_data_nbytes(std::size_t max_bytes, std::size_t buffer_bytes) {
-  const std::size_t stage = round_up_page(std::max(max_bytes, kMinStageBytes));
+std::size_t Communicator::stage_nbytes_for(std::size_t max_bytes, int world_size) {
+  TENSORXFER_CHECK(InvalidArgument, world_size >= 1 && world_size <= kMaxWorldSize,
+                   "Communicator: world_size must be in [1, ", kMaxWorldSize, "], got ", world_size);
+  // reduce_scatter puts one element per rank into a window at the least.
+  const std::size_t one_element_per_rank = static_cast<std::size_t>(world_size) * kMaxElementBytes;
+  return round_up_page(std::max({max_bytes, kMinStageBytes, one_element_per_rank}));
+}
+
+std::size_t Communicator::required_data_nbytes(std::size_t max_bytes, std::size_t buffer_bytes, int world_size) {
+  const std::size_t stage = stage_nbytes_for(max_bytes, world_size);
   const std::size_t buffer = round_up_page(buffer_bytes);
   TENSORXFER_CHECK(InvalidArgument, stage <= (std::numeric_limits<std::size_t>::max() - buffer) / 2,
                    "Communicator: max_bytes ", max_bytes, " and buffer_bytes ", buffer_bytes, " overflow");
@@ -161,7 +174,8 @@ std::size_t Communicator::required_data_nbytes(std::size_t max_bytes, std::size_
 Communicator::Communicator(IpcMemory memory, std::size_t max_bytes, std::size_t buffer_bytes,
                            std::function<void()> peer_check, std::chrono::nanoseconds spin_budget)
     : memory_(std::move(memory)),
-      stage_nbytes_(round_up_page(std::max(max_bytes, kMinStageBytes))),
+      stage_nbytes_(stage_nbytes_for(max_bytes, memory_.num_workers)),
+      owner_pid_(::getpid()),
       buffer_nbytes_(buffer_bytes),
       peer_check_(std::move(peer_check)),
       barrier_(memory_, [&] {
@@ -175,7 +189,7 @@ Communicator::Communicator(IpcMemory memory, std::size_t max_bytes, std::size_t 
   TENSORXFER_CHECK(Unsupported, memory_.device() == MemoryDevice::kHost,
                    "Communicator: collectives on CUDA IpcMemory need device kernels, which this build does not have");
   TENSORXFER_CHECK(InvalidArgument, memory_.is_mapped(), "Communicator: the IpcMemory must be mapped (map_peers)");
-  TENSORXFER_CHECK_LE(InvalidArgument, "Communicator: IpcMemory too small", required_data_nbytes(max_bytes, buffer_bytes),
+  TENSORXFER_CHECK_LE(InvalidArgument, "Communicator: IpcMemory too small", required_data_nbytes(max_bytes, buffer_bytes, memory_.num_workers),
                       memory_.data_nbytes());
   sources_.resize(static_cast<std::size_t>(memory_.num_workers));
 }
@@ -188,17 +202,44 @@ std::byte* Communicator::buffer(int rank) const noexcept {
   return memory_.is_closed() ? nullptr : memory_.data(rank) + 2 * stage_nbytes_;
 }
 
-void Communicator::check_peers() {
+void Communicator::require_outside_windows(const TensorView& view, const char* argument) const {
+  const auto begin = reinterpret_cast<std::uintptr_t>(view.data);
+  const std::uintptr_t end = begin + view.nbytes();
+  for (int r = 0; r < world_size(); ++r) {
+    const auto windows = reinterpret_cast<std::uintptr_t>(memory_.data(r));
+    const std::uintptr_t windows_end = windows + 2 * stage_nbytes_;
+    TENSORXFER_CHECK(InvalidArgument, view.nbytes() == 0 || end <= windows || begin >= windows_end, argument,
+                     " overlaps rank ", r, "'s staging windows (bytes [", begin - std::min(begin, windows), ", ",
+                     std::min(end, windows_end) - windows, ") of its region), which the communicator itself writes; "
+                     "only Communicator.buffer() is zero-copy input, other tensors must lie outside its IpcMemory");
+  }
+}
+
+void Communicator::watch_peers(BarrierLines lines, uint64_t epoch) {
+  if (closing_.load(std::memory_order_acquire)) throw Closed("Communicator is closed");
+  int lost = -1;
+  try {
+    check_peers(lost);
+  } catch (const PeerLost&) {
+    // A peer that arrived and then closed or exited is not lost for this
+    // wait: what it wrote before arriving is visible, so the wait is over.
+    if (barrier_.arrived(lines, epoch)) return;
+    if (lost >= 0) record_lost_rank(lost);
+    throw;
+  }
+}
+
+void Communicator::check_peers(int& lost) {
   const int me = rank();
   // A peer that gave up because some rank died names that rank; say so
   // before looking at liveness (the peer may have closed since).
   for (int r = 0; r < world_size(); ++r) {
     if (r == me) continue;
     // acquire: pairs with the release in record_lost_rank.
-    const uint32_t lost = memory_.wake_line(r).lost_rank.load(std::memory_order_acquire);
-    if (lost != 0) {
-      record_lost_rank(static_cast<int>(lost) - 1);
-      throw PeerLost(detail::concat("Communicator: rank ", lost - 1, " was lost (rank ", r,
+    const uint32_t lost_word = memory_.wake_line(r).lost_rank.load(std::memory_order_acquire);
+    if (lost_word != 0) {
+      lost = static_cast<int>(lost_word) - 1;
+      throw PeerLost(detail::concat("Communicator: rank ", lost, " was lost (rank ", r,
                                     " noticed and gave up); rank ", me, " cannot complete the collective"));
     }
   }
@@ -207,7 +248,7 @@ void Communicator::check_peers() {
   } catch (const PeerLost&) {
     for (int q = 0; q < world_size(); ++q) {  // which one, to tell the others
       if (q != me && !memory_.peer_alive(q)) {
-        record_lost_rank(q);
+        lost = q;
         break;
       }
     }
@@ -224,13 +265,24 @@ void Communicator::record_lost_rank(int lost) noexcept {
 }
 
 void Communicator::check_usable(const char* operation) const {
-  TENSORXFER_CHECK(InvalidArgument, !memory_.is_closed(), operation, ": the communicator is closed");
+  TENSORXFER_CHECK(Closed, !memory_.is_closed() && !closing_.load(std::memory_order_acquire), operation,
+                   ": Communicator is closed");
   TENSORXFER_CHECK(InvalidArgument, broken_reason_.empty(), operation,
                    ": the communicator is unusable after an earlier failure (", broken_reason_,
                    "); make a new one");
 }
 
 void Communicator::close() noexcept {
+  if (::getpid() != owner_pid_) {
+    // A fork()ed child: the parent's threads (and any lock they held) do not
+    // exist here; nothing runs in this copy, so release it without the lock.
+    memory_.close();
+    return;
+  }
+  // A running operation sees closing_ within one watch slice and ends with
+  // Closed, so the lock below is not held for long.
+  closing_.store(true, std::memory_order_release);
+  for (int r = 0; r < world_size() && !memory_.is_closed(); ++r) memory_.wake(r).notify_all();
   std::lock_guard<std::mutex> lock(mutex_);
   memory_.close();
 }
@@ -261,10 +313,13 @@ void Communicator::out_barrier(Call& call, const char* stage) {
   call.wait(BarrierLines::kOut, epoch, stage);
 }
 
-template <typename Body>
-void Communicator::run_operation(const char* operation, Body&& body) {
-  std::lock_guard<std::mutex> lock(mutex_);
+template <typename Check, typename Body>
+void Communicator::run_operation(const char* operation, Check&& check, Body&& body) {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  TENSORXFER_CHECK(InvalidArgument, lock.owns_lock(), operation, ": one operation at a time: another thread is ",
+                   "running a collective on this Communicator (or closing it)");
   check_usable(operation);
+  check();  // refuses before anything moves: the communicator stays usable
   try {
     body();
   } catch (const std::exception& error) {
@@ -283,20 +338,20 @@ void Communicator::all_reduce(const TensorView& tensor, ReduceOp op, Algorithm a
   const std::size_t count = static_cast<std::size_t>(tensor.numel());
   const std::size_t nbytes = count * element;
   Call call(*this, "all_reduce", timeout, hook);
-  auto* data = static_cast<std::byte*>(tensor.data);
-  if (algorithm == Algorithm::kAuto) algorithm = choose_algorithm(nbytes, world_size());
-  // A tensor in the zero-copy buffer skips the copy in, which pays for
-  // two-shot messages of more than one chunk; smaller ones (and one-shot) are
-  // copied through a window like any tensor, which saves the end barrier the
-  // buffer needs (measured: 2 ranks, 64 KiB: 9 us staged, 15 us in place).
-  std::byte* own_buffer = buffer(rank());
-  const bool in_buffer = algorithm == Algorithm::kTwoShot && nbytes > stage_nbytes_ && data >= own_buffer &&
-                         data + nbytes <= own_buffer + buffer_nbytes_;
-  const uint64_t offset = in_buffer ? static_cast<uint64_t>(data - own_buffer) : 0;
-  const OpDescriptor descriptor{encode_kind(Collective::kAllReduce, static_cast<uint32_t>(op),
-                                            static_cast<uint32_t>(algorithm)),
-                                encode_dtype(tensor.dtype), nbytes, in_buffer ? offset + 1 : 0};
-  run_operation("all_reduce", [&] {
+  run_operation("all_reduce", [&] { require_outside_windows(tensor, "all_reduce: tensor"); }, [&] {
+    auto* data = static_cast<std::byte*>(tensor.data);
+    if (algorithm == Algorithm::kAuto) algorithm = choose_algorithm(nbytes, world_size());
+    // A tensor in the zero-copy buffer skips the copy in, which pays for
+    // two-shot messages of more than one chunk; smaller ones (and one-shot) are
+    // copied through a window like any tensor, which saves the end barrier the
+    // buffer needs (measured: 2 ranks, 64 KiB: 9 us staged, 15 us in place).
+    std::byte* own_buffer = buffer(rank());
+    const bool in_buffer = algorithm == Algorithm::kTwoShot && nbytes > stage_nbytes_ && data >= own_buffer &&
+                           data + nbytes <= own_buffer + buffer_nbytes_;
+    const uint64_t offset = in_buffer ? static_cast<uint64_t>(data - own_buffer) : 0;
+    const OpDescriptor descriptor{encode_kind(Collective::kAllReduce, static_cast<uint32_t>(op),
+                                              static_cast<uint32_t>(algorithm)),
+                                  encode_dtype(tensor.dtype), nbytes, in_buffer ? offset + 1 : 0};
     if (in_buffer) {
       all_reduce_in_buffer(call, offset, count, type, op, descriptor);
     } else {
@@ -384,7 +439,12 @@ void Communicator::all_gather(const TensorView& output, const TensorView& input,
   const OpDescriptor descriptor{encode_kind(Collective::kAllGather), encode_dtype(input.dtype), nbytes, 0};
   const auto* in = static_cast<const std::byte*>(input.data);
   auto* out = static_cast<std::byte*>(output.data);
-  run_operation("all_gather", [&] {
+  run_operation(
+      "all_gather",
+      [&] {
+        require_outside_windows(input, "all_gather: input"); require_outside_windows(output, "all_gather: output");
+      },
+      [&] {
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(stage_nbytes_, nbytes - done);
@@ -416,8 +476,16 @@ void Communicator::reduce_scatter(const TensorView& output, const TensorView& in
                                 encode_dtype(input.dtype), input.nbytes(), 0};
   const auto* in = static_cast<const std::byte*>(input.data);
   auto* out = static_cast<std::byte*>(output.data);
-  const std::size_t chunk_count = std::max<std::size_t>(1, stage_nbytes_ / (world * element));
-  run_operation("reduce_scatter", [&] {
+  // stage_nbytes_for() makes room for at least one element per rank.
+  const std::size_t chunk_count = stage_nbytes_ / (world * element);
+  TENSORXFER_CHECK(InvalidArgument, chunk_count >= 1, "reduce_scatter: a window of ", stage_nbytes_,
+                   " bytes cannot hold one ", element, "-byte element for each of ", world, " ranks");
+  run_operation(
+      "reduce_scatter",
+      [&] {
+        require_outside_windows(input, "reduce_scatter: input"); require_outside_windows(output, "reduce_scatter: output");
+      },
+      [&] {
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(chunk_count, block - done);
@@ -445,7 +513,12 @@ void Communicator::broadcast(const TensorView& tensor, int root, std::chrono::na
   const OpDescriptor descriptor{encode_kind(Collective::kBroadcast), encode_dtype(tensor.dtype), nbytes,
                                 static_cast<uint64_t>(root)};
   auto* data = static_cast<std::byte*>(tensor.data);
-  run_operation("broadcast", [&] {
+  run_operation(
+      "broadcast",
+      [&] {
+        require_outside_windows(tensor, "broadcast: tensor");
+      },
+      [&] {
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(stage_nbytes_, nbytes - done);
@@ -460,7 +533,7 @@ void Communicator::broadcast(const TensorView& tensor, int root, std::chrono::na
 void Communicator::barrier(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
   Call call(*this, "barrier", timeout, hook);
   const OpDescriptor descriptor{encode_kind(Collective::kBarrier), 0, 0, 0};
-  run_operation("barrier", [&] { start_barrier(call, descriptor); });
+  run_operation("barrier", [] {}, [&] { start_barrier(call, descriptor); });
 }
 
 }  // namespace tensorxfer::collectives

@@ -107,6 +107,49 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
 
 }  // namespace
 
+// A call that reads the segment: close() waits until none is left.
+class LocalGroup::Use {
+ public:
+  Use(const LocalGroup& group, const char* operation) : users_(*group.users_) {
+    users_.fetch_add(1, std::memory_order_seq_cst);
+    if (group.closing_->load(std::memory_order_seq_cst) || group.segment_ == nullptr) {
+      users_.fetch_sub(1, std::memory_order_seq_cst);
+      throw Closed("LocalGroup::" + std::string(operation) + ": LocalGroup " + quoted(group.name_) + " is closed");
+    }
+  }
+  ~Use() { users_.fetch_sub(1, std::memory_order_seq_cst); }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
+
+ private:
+  std::atomic<int>& users_;
+};
+
+// The one collective of this rank in flight; a failure inside marks the rank
+// as having given up, so peers stop waiting for it.
+class LocalGroup::Operation {
+ public:
+  Operation(LocalGroup& group, const char* operation) : group_(group), use_(group, operation) {
+    TENSORXFER_CHECK(InvalidArgument, !group.busy_->exchange(true, std::memory_order_acquire), "LocalGroup::",
+                     operation, "(", quoted(group.name_), "): one operation at a time: another thread is running ",
+                     "a collective on this group");
+  }
+  ~Operation() {
+    if (std::uncaught_exceptions() > exceptions_ && !consistent_) group_.abandon();
+    group_.busy_->store(false, std::memory_order_release);
+  }
+  // The failure about to be thrown happens on every rank alike: the ranks stay in step.
+  void fail_consistently() noexcept { consistent_ = true; }
+  Operation(const Operation&) = delete;
+  Operation& operator=(const Operation&) = delete;
+
+ private:
+  LocalGroup& group_;
+  Use use_;
+  int exceptions_ = std::uncaught_exceptions();
+  bool consistent_ = false;
+};
+
 LocalGroup::LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size)
     : segment_(std::move(segment)),
       spin_(std::make_unique<sync::SpinPolicy>(sync::SpinPolicy::adaptive())),
@@ -126,6 +169,9 @@ LocalGroup& LocalGroup::operator=(LocalGroup&& other) noexcept {
     world_size_ = other.world_size_;
     barrier_epoch_ = other.barrier_epoch_;
     gather_rounds_ = other.gather_rounds_;
+    users_ = std::move(other.users_);
+    closing_ = std::move(other.closing_);
+    busy_ = std::move(other.busy_);
   }
   return *this;
 }
@@ -180,16 +226,31 @@ const std::string& LocalGroup::name() const noexcept { return name_; }
 bool LocalGroup::closed() const noexcept { return segment_ == nullptr; }
 
 void LocalGroup::require_open(const char* operation) const {
-  TENSORXFER_CHECK(InvalidArgument, segment_ != nullptr, "LocalGroup::", operation, ": group ", quoted(name_),
-                   " is closed");
+  TENSORXFER_CHECK(Closed, segment_ != nullptr && !closing_->load(std::memory_order_seq_cst), "LocalGroup::",
+                   operation, ": LocalGroup ", quoted(name_), " is closed");
+}
+
+void LocalGroup::abandon() noexcept {
+  try {
+    const Use use(*this, "abandon");
+    if (::getpid() != segment_->mapped_by()) return;
+    // release: pairs with the peers' acquire in check_peers.
+    segment_->slot(rank_).gave_up.store(1, std::memory_order_release);
+    segment_->control().arrivals.notify_all();
+  } catch (...) {  // closed: peers see it as having left
+  }
 }
 
 bool LocalGroup::rank_alive(int rank) const noexcept {
-  if (segment_ == nullptr || rank < 0 || rank >= world_size_) return false;
-  if (rank == rank_) return true;
+  if (rank < 0 || rank >= world_size_) return false;
   try {
+    const Use use(*this, "rank_alive");
+    if (rank == rank_) return true;
+    if (segment_->slot(rank).gave_up.load(std::memory_order_acquire) != 0) return false;
     const auto status = segment_->status_of(rank);
     return status == GroupSegment::MemberStatus::kAlive;
+  } catch (const Closed&) {
+    return false;
   } catch (const CorruptSegment&) {
     return false;
   } catch (...) {
@@ -198,9 +259,16 @@ bool LocalGroup::rank_alive(int rank) const noexcept {
 }
 
 void LocalGroup::check_peers() const {
-  require_open("check_peers");
+  const Use use(*this, "check_peers");
   // An exit is reported before a close: peers that saw the exit close in turn.
   check_exited_peers();
+  for (int peer = 0; peer < world_size_; ++peer) {
+    // acquire: pairs with the release in abandon().
+    if (peer != rank_ && segment_->slot(peer).gave_up.load(std::memory_order_acquire) != 0) {
+      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) +
+                     " gave up a collective (its wait failed or was interrupted)");
+    }
+  }
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
       throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
@@ -218,6 +286,8 @@ void LocalGroup::check_exited_peers() const {
 
 template <typename Settled>
 void LocalGroup::watch_peers(Settled& settled, const sync::WaitHook& hook) const {
+  TENSORXFER_CHECK(Closed, !closing_->load(std::memory_order_seq_cst), "LocalGroup ", quoted(name_),
+                   " is closed (close() ran on another thread during the wait)");
   if (hook) hook();
   try {
     check_peers();
@@ -281,7 +351,7 @@ void LocalGroup::await_epoch(uint64_t target, const char* operation, std::chrono
 }
 
 void LocalGroup::barrier(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
-  require_open("barrier");
+  const Operation operation(*this, "barrier");
   const auto deadline = deadline_after("LocalGroup::barrier", timeout);
   const uint64_t target = ++barrier_epoch_;
   // release: everything this rank wrote before the barrier is visible to the
@@ -292,10 +362,12 @@ void LocalGroup::barrier(std::chrono::nanoseconds timeout, const sync::WaitHook&
 }
 
 std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std::chrono::nanoseconds timeout,
-                                                      const sync::WaitHook& hook) {
-  require_open("all_gather_bytes");
+                                                      const sync::WaitHook& hook, uint64_t max_nbytes) {
+  Operation operation(*this, "all_gather_bytes");
   TENSORXFER_CHECK(InvalidArgument, mine.size() <= kMaxGatherBytes, "LocalGroup::all_gather_bytes: at most ",
                    kMaxGatherBytes, " bytes per rank, got ", mine.size());
+  // A larger own contribution is still announced, so that every rank (with
+  // the same max_nbytes) refuses it below, together.
   const auto deadline = deadline_after("LocalGroup::all_gather_bytes", timeout);
   const uint64_t chunk = segment_->mailbox_nbytes();
   std::vector<std::string> gathered(static_cast<std::size_t>(world_size_));
@@ -329,6 +401,14 @@ std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std
                        segment_->path(), ": rank ", peer, "'s mailbox announces ", total, " bytes",
                        (k == 0 ? "" : ", changed during the gather"));
       if (k == 0) {
+        if (total > max_nbytes) {
+          // Before allocating anything for it; every rank (with the same
+          // max_nbytes) refuses the same contribution after the same round.
+          gather_rounds_ += 1;
+          operation.fail_consistently();
+          throw InvalidArgument(detail::concat("LocalGroup::all_gather_bytes(", quoted(name_), "): rank ", peer,
+                                               " contributes ", total, " bytes, more than max_nbytes ", max_nbytes));
+        }
         totals[peer] = total;
         gathered[peer].resize(static_cast<std::size_t>(total));
         rounds = std::max(rounds, (total + chunk - 1) / chunk);
@@ -345,7 +425,20 @@ std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std
 
 void LocalGroup::close() noexcept {
   if (segment_ == nullptr) return;
-  if (::getpid() == segment_->mapped_by()) {
+  if (::getpid() != segment_->mapped_by()) {
+    // A fork()ed child: threads of the parent (and their uses) do not exist
+    // here; the parent keeps the membership.
+    segment_.reset();
+    return;
+  }
+  closing_->store(true, std::memory_order_seq_cst);
+  while (users_->load(std::memory_order_seq_cst) != 0) {
+    // A running wait sees closing_ within one watch slice; wake it sooner.
+    segment_->control().arrivals.notify_all();
+    segment_->control().membership.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
     segment_->mark_left(rank_);
     (void)segment_->unlink_if_unused();
   }
