@@ -77,6 +77,7 @@ void PipelineExecutor::check_batch(const ScheduledBatch& batch, const TaskMemory
 
 void PipelineExecutor::check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                                   const TaskMemoryMap& receives) const {
+  check_open("check_plan");
   TENSORXFER_CHECK(InvalidArgument, schedules.size() <= UINT32_MAX, "a plan holds at most ", UINT32_MAX,
                    " iterations, got ", schedules.size());
   std::set<std::pair<int32_t, uint32_t>> sent, received;  // (peer, batch_index) so far

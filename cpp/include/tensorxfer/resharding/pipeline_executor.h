@@ -73,6 +73,11 @@ class PipelineExecutor {
   void execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                         const TaskMemoryMap& receives);
 
+  // The checks execute_pipeline makes before anything moves, alone (throws
+  // what it would throw; moves nothing).
+  void check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
+                  const TaskMemoryMap& receives) const;
+
   // The stage steps, exposed for the Python executor's _launch_pack /
   // _launch_unpack: enqueue packing (unpacking) of `batch` into (from) the
   // slot of `iteration` on the pack (unpack) stream. The batch is copied;
@@ -85,8 +90,6 @@ class PipelineExecutor {
  private:
   void check_open(const char* operation) const;
   void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
-  void check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
-                  const TaskMemoryMap& receives) const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
 
   copy::CopyEngine& engine_;
