@@ -130,7 +130,8 @@ void bind_collectives(py::module_& module) {
           "region",
           [](py::object self, int rank) {
             auto& memory = self.cast<IpcMemory&>();
-            TENSORXFER_CHECK(InvalidArgument, memory.is_mapped(), "IpcMemory.region: not mapped (or closed)");
+            TENSORXFER_CHECK(Closed, !memory.is_closed(), "IpcMemory.region: IpcMemory is closed");
+            TENSORXFER_CHECK(InvalidArgument, memory.is_mapped(), "IpcMemory.region: not mapped yet (map_peers)");
             TENSORXFER_CHECK(InvalidArgument, memory.device() == MemoryDevice::kHost,
                              "IpcMemory.region: a cuda region is not host memory; use remote_data addresses");
             require_rank(rank, memory.num_workers, "IpcMemory.region");
