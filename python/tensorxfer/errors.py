@@ -31,7 +31,7 @@ a timeout.
 """
 
 
-from typing import Optional
+from typing import Any, Optional
 
 
 class TensorxferError(RuntimeError):
@@ -62,7 +62,7 @@ class ClosedError(TensorxferError, ValueError):
     written for either keep working."""
 
 
-def check_timeout(timeout: object, operation: str) -> Optional[float]:
+def check_timeout(timeout: Any, operation: str) -> Optional[float]:
     """A wait's ``timeout`` by the rules above: ``None`` (no deadline) or seconds
     ``>= 0`` as a float; ``ValueError`` / ``TypeError`` naming ``operation``
     otherwise."""

@@ -226,6 +226,7 @@ class PipelineExecutor:
             error = failure
         if agree:
             self._agree_on_plan(iter_schedules if error is None else [], num_iterations, error, timeout)
+        assert plan is not None  # a failed check raised above
         self._native.execute(plan, timeout)
 
     def _checked_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: int) -> Any:
@@ -256,8 +257,9 @@ class PipelineExecutor:
                 batch = step.get(role)
                 if batch is not None:
                     peer = batch.dest_pe if role == "send" else batch.src_pe
-                    digest = hashlib.blake2b(repr(_native_batch(batch)[:5]).encode()
-                                             + _native_batch(batch)[5].tobytes(), digest_size=12).hexdigest()
+                    native = _native_batch(batch)
+                    digest = hashlib.blake2b(repr(native[:5]).encode() + native[5].tobytes(),
+                                             digest_size=12).hexdigest()
                     batches.append([i, role, int(peer), digest])
         mine = {"error": None if error is None else str(error)[:2000], "n": repr(num_iterations), "batches": batches}
         group = self.buffer_manager.group

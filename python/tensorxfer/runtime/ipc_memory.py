@@ -151,7 +151,7 @@ def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], devic
         handles = _agree(what, group, error is None, handle, layout, timeout)
         if error is not None:
             raise error
-        error = None
+        assert native is not None
         try:
             native.map_peers([bytes.fromhex(h) for h in handles])
         except Exception as failure:  # noqa: BLE001
