@@ -279,6 +279,9 @@ void Communicator::close() noexcept {
     memory_.close();
     return;
   }
+  // One close() at a time (only close() changes the memory's pointers, so
+  // the wake-ups below read them safely while an operation runs).
+  std::lock_guard<std::mutex> closer(close_mutex_);
   // A running operation sees closing_ within one watch slice and ends with
   // Closed, so the lock below is not held for long.
   closing_.store(true, std::memory_order_release);

@@ -263,15 +263,16 @@ void LocalGroup::check_peers() const {
   // An exit is reported before a close: peers that saw the exit close in turn.
   check_exited_peers();
   for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
+      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
+    }
+  }
+  // Last: a rank that gave up usually did so over one of the losses above.
+  for (int peer = 0; peer < world_size_; ++peer) {
     // acquire: pairs with the release in abandon().
     if (peer != rank_ && segment_->slot(peer).gave_up.load(std::memory_order_acquire) != 0) {
       throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) +
                      " gave up a collective (its wait failed or was interrupted)");
-    }
-  }
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
     }
   }
 }

@@ -131,7 +131,11 @@ class Communicator:
 
     @property
     def ipc_memory(self) -> IpcMemory:
-        """The IpcMemory the collectives run over (its fields, e.g. ``barrier_flag``)."""
+        """The IpcMemory the collectives run over (its fields, e.g. ``barrier_flag``).
+
+        Read-only for the user except :meth:`buffer`'s part: each region
+        starts with this communicator's two staging windows, which its
+        collectives write (a tensor overlapping them is refused)."""
         return self._memory
 
     @property

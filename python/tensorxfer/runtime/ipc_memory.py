@@ -267,7 +267,11 @@ class IpcMemory:
         """A view of the start of rank ``rank``'s region: numpy for a numpy dtype, torch for a torch dtype.
 
         Writes through the view are seen by every rank; synchronise with a
-        barrier. The view keeps the mapping alive (host memory only).
+        barrier. The view keeps the mapping alive (host memory only). In the
+        IpcMemory of a ``Communicator`` (``comm.ipc_memory``) only the region
+        of ``Communicator.buffer()`` is the user's to write: the start of
+        each region holds the communicator's staging windows, and a tensor
+        overlapping them is refused by the collectives.
         """
         if self.closed:
             raise ClosedError("IpcMemory is closed")

@@ -165,6 +165,7 @@ class Communicator {
   std::string broken_reason_;
   std::vector<const void*> sources_;     // per-rank pointers, reused
   std::mutex mutex_;                     // one operation in flight
+  std::mutex close_mutex_;               // one close() at a time
   std::atomic<bool> closing_{false};     // close() has begun: running waits end
 };
 
