@@ -240,3 +240,53 @@ def test_a_forked_child_can_close_a_communicator_whose_collective_is_in_flight_a
     """)
     assert child.returncode == 0, (child.returncode, child.stderr)
     assert "CHILD 0" in child.stdout, child.stdout
+
+
+RANK_SCRIPT = """
+import signal, sys, time
+from tensorxfer.errors import PeerLostError
+from tensorxfer.runtime import Communicator, LocalGroup
+name, rank = sys.argv[1], int(sys.argv[2])
+group = LocalGroup.join(name, rank=rank, world_size=2, timeout=30)
+if rank == 1:
+    print("waiting", flush=True)
+    try:
+        Communicator(group, max_bytes=4096, timeout=None)   # rank 0 is not there yet
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    sys.stdin.readline()   # alive until told: the peer must learn of the give-up, not of an exit
+else:
+    sys.stdin.readline()   # go: rank 1 was interrupted
+    start = time.monotonic()
+    try:
+        Communicator(group, max_bytes=4096, timeout=None)
+        print("constructed", flush=True)
+    except PeerLostError as error:
+        print("lost", round(time.monotonic() - start, 1), error, flush=True)
+group.close()
+"""
+
+
+def test_ctrl_c_in_one_ranks_construction_fails_the_others_without_a_timeout():
+    name = f"ctrl-c-{uuid.uuid4().hex[:10]}"
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, name, str(rank)], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for rank in range(2)]
+    try:
+        assert ranks[1].stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        ranks[1].send_signal(2)  # SIGINT: Ctrl-C
+        assert ranks[1].stdout.readline().strip() == "interrupted"
+        ranks[0].stdin.write("go\n")
+        ranks[0].stdin.flush()
+        out, err = ranks[0].communicate(timeout=30)
+        ranks[1].communicate("exit\n", timeout=30)
+        assert out.startswith("lost"), (out, err)
+        assert "rank 1" in out and "gave up" in out
+        assert float(out.split()[1]) < 10
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
