@@ -12,6 +12,7 @@
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "local_group_guards.h"
 #include "tensorxfer/group/group_segment.h"
 
 namespace tensorxfer::group {
@@ -48,8 +49,6 @@ std::string ranks_text(const std::vector<int>& ranks) {
   for (std::size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
   return text;
 }
-
-std::string quoted(const std::string& name) { return "'" + name + "'"; }
 
 enum class Attempt { kRetryNow, kRetryLater };
 
@@ -107,48 +106,6 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
 
 }  // namespace
 
-// A call that reads the segment: close() waits until none is left.
-class LocalGroup::Use {
- public:
-  Use(const LocalGroup& group, const char* operation) : users_(*group.users_) {
-    users_.fetch_add(1, std::memory_order_seq_cst);
-    if (group.closing_->load(std::memory_order_seq_cst) || group.segment_ == nullptr) {
-      users_.fetch_sub(1, std::memory_order_seq_cst);
-      throw Closed("LocalGroup::" + std::string(operation) + ": LocalGroup " + quoted(group.name_) + " is closed");
-    }
-  }
-  ~Use() { users_.fetch_sub(1, std::memory_order_seq_cst); }
-  Use(const Use&) = delete;
-  Use& operator=(const Use&) = delete;
-
- private:
-  std::atomic<int>& users_;
-};
-
-// The one collective of this rank in flight; a failure inside marks the rank
-// as having given up, so peers stop waiting for it.
-class LocalGroup::Operation {
- public:
-  Operation(LocalGroup& group, const char* operation) : group_(group), use_(group, operation) {
-    TENSORXFER_CHECK(InvalidArgument, !group.busy_->exchange(true, std::memory_order_acquire), "LocalGroup::",
-                     operation, "(", quoted(group.name_), "): one operation at a time: another thread is running ",
-                     "a collective on this group");
-  }
-  ~Operation() {
-    if (std::uncaught_exceptions() > exceptions_ && !consistent_) group_.abandon();
-    group_.busy_->store(false, std::memory_order_release);
-  }
-  // The failure about to be thrown happens on every rank alike: the ranks stay in step.
-  void fail_consistently() noexcept { consistent_ = true; }
-  Operation(const Operation&) = delete;
-  Operation& operator=(const Operation&) = delete;
-
- private:
-  LocalGroup& group_;
-  Use use_;
-  int exceptions_ = std::uncaught_exceptions();
-  bool consistent_ = false;
-};
 
 LocalGroup::LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size)
     : segment_(std::move(segment)),
@@ -224,66 +181,6 @@ int LocalGroup::rank() const noexcept { return rank_; }
 int LocalGroup::world_size() const noexcept { return world_size_; }
 const std::string& LocalGroup::name() const noexcept { return name_; }
 bool LocalGroup::closed() const noexcept { return segment_ == nullptr; }
-
-void LocalGroup::require_open(const char* operation) const {
-  TENSORXFER_CHECK(Closed, segment_ != nullptr && !closing_->load(std::memory_order_seq_cst), "LocalGroup::",
-                   operation, ": LocalGroup ", quoted(name_), " is closed");
-}
-
-void LocalGroup::abandon() noexcept {
-  try {
-    const Use use(*this, "abandon");
-    if (::getpid() != segment_->mapped_by()) return;
-    // release: pairs with the peers' acquire in check_peers.
-    segment_->slot(rank_).gave_up.store(1, std::memory_order_release);
-    segment_->control().arrivals.notify_all();
-  } catch (...) {  // closed: peers see it as having left
-  }
-}
-
-bool LocalGroup::rank_alive(int rank) const noexcept {
-  if (rank < 0 || rank >= world_size_) return false;
-  try {
-    const Use use(*this, "rank_alive");
-    if (rank == rank_) return true;
-    if (segment_->slot(rank).gave_up.load(std::memory_order_acquire) != 0) return false;
-    const auto status = segment_->status_of(rank);
-    return status == GroupSegment::MemberStatus::kAlive;
-  } catch (const Closed&) {
-    return false;
-  } catch (const CorruptSegment&) {
-    return false;
-  } catch (...) {
-    return true;  // the kernel could not answer: never call a live peer dead
-  }
-}
-
-void LocalGroup::check_peers() const {
-  const Use use(*this, "check_peers");
-  // An exit is reported before a close: peers that saw the exit close in turn.
-  check_exited_peers();
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
-    }
-  }
-  // Last: a rank that gave up usually did so over one of the losses above.
-  for (int peer = 0; peer < world_size_; ++peer) {
-    // acquire: pairs with the release in abandon().
-    if (peer != rank_ && segment_->slot(peer).gave_up.load(std::memory_order_acquire) != 0) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) +
-                     " gave up a collective (its wait failed or was interrupted)");
-    }
-  }
-}
-
-void LocalGroup::check_exited_peers() const {
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kExited) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " exited");
-    }
-  }
-}
 
 template <typename Settled>
 void LocalGroup::watch_peers(Settled& settled, const sync::WaitHook& hook) const {
@@ -422,28 +319,6 @@ std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std
   }
   gather_rounds_ += rounds;
   return gathered;
-}
-
-void LocalGroup::close() noexcept {
-  if (segment_ == nullptr) return;
-  if (::getpid() != segment_->mapped_by()) {
-    // A fork()ed child: threads of the parent (and their uses) do not exist
-    // here; the parent keeps the membership.
-    segment_.reset();
-    return;
-  }
-  closing_->store(true, std::memory_order_seq_cst);
-  while (users_->load(std::memory_order_seq_cst) != 0) {
-    // A running wait sees closing_ within one watch slice; wake it sooner.
-    segment_->control().arrivals.notify_all();
-    segment_->control().membership.notify_all();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  {
-    segment_->mark_left(rank_);
-    (void)segment_->unlink_if_unused();
-  }
-  segment_.reset();
 }
 
 }  // namespace tensorxfer::group
