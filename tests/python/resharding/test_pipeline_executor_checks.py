@@ -238,3 +238,29 @@ def test_random_schedules_move_every_byte_or_fail_every_rank_before_anything_mov
 def test_random_schedules_long(world_tasks, mutation):
     world, raw = world_tasks
     _check_random_schedule(world, _tasks_of(raw), mutation)
+
+
+def test_a_system_error_in_one_ranks_construction_fails_every_rank_without_a_timeout():
+    # Rank 1 asks for slots no /dev/shm can hold: reserving its segment fails with ENOSPC.
+    # Rank 0 waits with no deadline and must still fail (before: it waited forever).
+    name = f"executor-oserror-{uuid.uuid4().hex[:10]}"
+    results: List[Any] = [None, None]
+
+    def main(rank: int) -> None:
+        group = LocalGroup.join(name, rank=rank, world_size=2, timeout=20)
+        try:
+            DoubleBufferManager(group, 4096 if rank == 0 else 1 << 43, timeout=None).close()  # 32 TiB
+        except BaseException as error:  # noqa: BLE001 - returned to the test
+            results[rank] = error
+        finally:
+            group.close()
+
+    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    assert isinstance(results[1], OSError), results[1]  # ENOSPC from posix_fallocate
+    assert isinstance(results[0], Exception) and "rank 1 failed" in str(results[0]), results[0]
+    assert "OSError" in str(results[0])
