@@ -75,7 +75,7 @@ class PyCommunicator {
   }
 
   Communicator& native() {
-    TENSORXFER_CHECK(InvalidArgument, native_ != nullptr, "Communicator: closed");
+    TENSORXFER_CHECK(Closed, native_ != nullptr, "Communicator is closed");
     return *native_;
   }
 
@@ -130,7 +130,8 @@ void bind_collectives(py::module_& module) {
           "region",
           [](py::object self, int rank) {
             auto& memory = self.cast<IpcMemory&>();
-            TENSORXFER_CHECK(InvalidArgument, memory.is_mapped(), "IpcMemory.region: not mapped (or closed)");
+            TENSORXFER_CHECK(Closed, !memory.is_closed(), "IpcMemory.region: IpcMemory is closed");
+            TENSORXFER_CHECK(InvalidArgument, memory.is_mapped(), "IpcMemory.region: not mapped yet (map_peers)");
             TENSORXFER_CHECK(InvalidArgument, memory.device() == MemoryDevice::kHost,
                              "IpcMemory.region: a cuda region is not host memory; use remote_data addresses");
             require_rank(rank, memory.num_workers, "IpcMemory.region");
@@ -141,7 +142,7 @@ void bind_collectives(py::module_& module) {
       .def("close", &IpcMemory::close);
 
   module.def("communicator_required_nbytes", &Communicator::required_data_nbytes, py::arg("max_bytes"),
-             py::arg("buffer_bytes"));
+             py::arg("buffer_bytes"), py::arg("world_size"));
   module.def(
       "choose_all_reduce_algorithm",
       [](std::size_t nbytes, int world_size) {
@@ -213,7 +214,7 @@ void bind_collectives(py::module_& module) {
           "buffer_array",
           [](py::object self, int rank) {
             Communicator& native = self.cast<PyCommunicator&>().native();
-            TENSORXFER_CHECK(InvalidArgument, !native.is_closed(), "Communicator.buffer: closed");
+            TENSORXFER_CHECK(Closed, !native.is_closed(), "Communicator.buffer: Communicator is closed");
             require_rank(rank, native.world_size(), "Communicator.buffer");
             return region_array(native.buffer(rank), native.buffer_nbytes(), self);
           },

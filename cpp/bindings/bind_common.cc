@@ -27,6 +27,8 @@ void translate_exception(std::exception_ptr pending) {
     if (pending) std::rethrow_exception(pending);
   } catch (const CorruptSegment& error) {
     set_package_error("CorruptSegmentError", error.what());
+  } catch (const Closed& error) {
+    set_package_error("ClosedError", error.what());
   } catch (const InvalidArgument& error) {
     PyErr_SetString(PyExc_ValueError, error.what());
   } catch (const TypeMismatch& error) {

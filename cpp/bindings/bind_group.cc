@@ -112,7 +112,7 @@ void bind_group(py::module_& module) {
           py::arg("timeout") = py::none())
       .def(
           "all_gather_bytes",
-          [](LocalGroup& self, const py::bytes& data, const PyTimeout& timeout) {
+          [](LocalGroup& self, const py::bytes& data, const PyTimeout& timeout, uint64_t max_nbytes) {
             const auto limit = wait_timeout(timeout, "LocalGroup.all_gather_bytes");
             const sync::WaitHook hook = python_signal_check();
             // bytes are immutable and `data` keeps them alive: readable without the GIL.
@@ -120,16 +120,29 @@ void bind_group(py::module_& module) {
             std::vector<std::string> gathered;
             {
               py::gil_scoped_release release;
-              gathered = self.all_gather_bytes(mine, limit, hook);
+              gathered = self.all_gather_bytes(mine, limit, hook, max_nbytes);
             }
             py::list result;
             for (const std::string& bytes : gathered) result.append(py::bytes(bytes));
             return result;
           },
-          py::arg("data"), py::arg("timeout") = py::none())
+          py::arg("data"), py::arg("timeout") = py::none(),
+          py::arg("max_nbytes") = LocalGroup::kDefaultMaxGatherBytes,
+          "Every rank's bytes in rank order; a contribution above max_nbytes is refused on every rank.")
+      .def_property_readonly_static("default_max_gather_nbytes",
+                                    [](py::object) { return LocalGroup::kDefaultMaxGatherBytes; })
+      .def("abandon", &LocalGroup::abandon,
+           "Marks this rank as having given up its collectives: peers' waits end with PeerLostError.")
       .def("rank_alive", &LocalGroup::rank_alive, py::arg("rank"))
       .def("check_peers", &LocalGroup::check_peers)
-      .def("close", &LocalGroup::close);
+      .def(
+          "close",
+          [](LocalGroup& self) {
+            // A wait on another thread may need the GIL (its hook) to notice the close.
+            py::gil_scoped_release release;
+            self.close();
+          },
+          "Leaves the group; a wait on another thread ends with ClosedError first.");
 }
 
 }  // namespace tensorxfer::bindings

@@ -131,6 +131,11 @@ class PyPipelineExecutor {
     executor_.execute_pipeline(plan.iterations, sends_, receives_);
   }
 
+  void check(const PipelinePlan& plan) {
+    py::gil_scoped_release release;
+    executor_.check_plan(plan.iterations, sends_, receives_);
+  }
+
   void launch(uint32_t iteration, const py::handle& batch, bool pack) {
     const auto native = batch_from(batch);
     py::gil_scoped_release release;
@@ -231,6 +236,8 @@ void bind_resharding(py::module_& module) {
       .def("set_task_memory", &PyPipelineExecutor::set_task_memory, py::arg("send_ids"), py::arg("send_addresses"),
            py::arg("send_nbytes"), py::arg("recv_ids"), py::arg("recv_addresses"), py::arg("recv_nbytes"),
            "Where each task's bytes live on this rank; the caller keeps that memory alive until the next call.")
+      .def("check", &PyPipelineExecutor::check, py::arg("plan"),
+           "The checks execute makes before anything moves, alone (ValueError naming the field).")
       .def("execute", &PyPipelineExecutor::execute, py::arg("plan"), py::arg("timeout") = py::none(),
            "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.")
       .def(

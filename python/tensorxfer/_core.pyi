@@ -341,20 +341,29 @@ class LocalGroup:
     """
     Native LocalGroup (see tensorxfer.runtime.LocalGroup, which wraps it).
     """
+    default_max_gather_nbytes: typing.ClassVar[int] = 268435456
     mailbox_nbytes: typing.ClassVar[int] = 65536
     max_name_nbytes: typing.ClassVar[int] = 200
     max_world_size: typing.ClassVar[int] = 1024
     @staticmethod
     def join(name: str, rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, timeout: float | None = None) -> LocalGroup:
         ...
-    def all_gather_bytes(self, data: bytes, timeout: float | None = None) -> list:
-        ...
+    def abandon(self) -> None:
+        """
+        Marks this rank as having given up its collectives: peers' waits end with PeerLostError.
+        """
+    def all_gather_bytes(self, data: bytes, timeout: float | None = None, max_nbytes: typing.SupportsInt | typing.SupportsIndex = 268435456) -> list:
+        """
+        Every rank's bytes in rank order; a contribution above max_nbytes is refused on every rank.
+        """
     def barrier(self, timeout: float | None = None) -> None:
         ...
     def check_peers(self) -> None:
         ...
     def close(self) -> None:
-        ...
+        """
+        Leaves the group; a wait on another thread ends with ClosedError first.
+        """
     def rank_alive(self, rank: typing.SupportsInt | typing.SupportsIndex) -> bool:
         ...
     @property
@@ -515,6 +524,10 @@ class PipelineExecutor:
     """
     def __init__(self, memory: IpcMemory, group: LocalGroup, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, engine: CopyEngine) -> None:
         ...
+    def check(self, plan: PipelinePlan) -> None:
+        """
+        The checks execute makes before anything moves, alone (ValueError naming the field).
+        """
     def execute(self, plan: PipelinePlan, timeout: float | None = None) -> None:
         """
         Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.
@@ -547,7 +560,7 @@ def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
 def choose_all_reduce_algorithm(nbytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex) -> str:
     ...
-def communicator_required_nbytes(max_bytes: typing.SupportsInt | typing.SupportsIndex, buffer_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
+def communicator_required_nbytes(max_bytes: typing.SupportsInt | typing.SupportsIndex, buffer_bytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
 def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
     """

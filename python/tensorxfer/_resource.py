@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensorxfer.errors import ClosedError
+
 
 class SharedResource:
     """Base of objects that own a native shared resource (a ring, a shared array).
 
     ``close()`` is idempotent and also runs on context-manager exit and when the
     object is garbage collected (never raising there). After it, methods that
-    need the resource raise ``ValueError("<kind> is closed")``. Such objects
+    need the resource raise :class:`tensorxfer.errors.ClosedError` (``"<kind> is closed"``,
+    a ``ValueError``). Such objects
     refuse pickling: another process attaches through the object's ``handle``.
     Subclasses set ``_kind`` and ``_share_hint`` and implement ``_release``.
     """
@@ -24,7 +27,7 @@ class SharedResource:
 
     def _ensure_open(self) -> None:
         if self._closed:
-            raise ValueError(f"{self._kind} is closed")
+            raise ClosedError(f"{self._kind} is closed")
 
     @property
     def closed(self) -> bool:

@@ -18,6 +18,9 @@ Every call that waits (``SlotRing.acquire_free`` / ``acquire_ready``,
 * negative or NaN: ``ValueError``; a bool or a non-number: ``TypeError``
   (both name the call and its ``timeout``).
 
+:func:`check_timeout` is the one parser of these rules (the native waits use
+the same code); every Python wait reads its ``timeout`` with it.
+
 Whatever the timeout, a wait on a process that has died raises
 :class:`PeerLostError`, and Ctrl-C (SIGINT) raises ``KeyboardInterrupt``
 within about 20 ms (waits release the GIL and check for signals between
@@ -26,6 +29,9 @@ taken, nothing leaked, usable again.  Python runs signal handlers only in the
 main thread, so Ctrl-C does not interrupt a wait on another thread: give those
 a timeout.
 """
+
+
+from typing import Any, Optional
 
 
 class TensorxferError(RuntimeError):
@@ -56,4 +62,15 @@ class ClosedError(TensorxferError, ValueError):
     written for either keep working."""
 
 
-__all__ = ["TensorxferError", "PeerLostError", "PeerLost", "CorruptSegmentError", "UnsupportedError", "ClosedError"]
+def check_timeout(timeout: Any, operation: str) -> Optional[float]:
+    """A wait's ``timeout`` by the rules above: ``None`` (no deadline) or seconds
+    ``>= 0`` as a float; ``ValueError`` / ``TypeError`` naming ``operation``
+    otherwise."""
+    from tensorxfer import _core  # not at import: the native module imports this one to raise its errors
+
+    result = _core.check_timeout(timeout, operation)
+    return None if result is None else float(result)
+
+
+__all__ = ["TensorxferError", "PeerLostError", "PeerLost", "CorruptSegmentError", "UnsupportedError", "ClosedError",
+           "check_timeout"]

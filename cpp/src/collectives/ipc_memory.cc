@@ -129,12 +129,12 @@ IpcMemory IpcMemory::create_local(int rank, int world_size, std::size_t data_nby
 }
 
 const std::string& IpcMemory::local_handle() const {
-  TENSORXFER_CHECK(InvalidArgument, backing_ != nullptr, "IpcMemory: closed");
+  TENSORXFER_CHECK(Closed, backing_ != nullptr, "IpcMemory is closed");
   return backing_->local_handle();
 }
 
 void IpcMemory::map_peers(const std::vector<std::string>& handles) {
-  TENSORXFER_CHECK(InvalidArgument, backing_ != nullptr, "IpcMemory::map_peers: closed");
+  TENSORXFER_CHECK(Closed, backing_ != nullptr, "IpcMemory::map_peers: IpcMemory is closed");
   TENSORXFER_CHECK(InvalidArgument, !is_mapped(), "IpcMemory::map_peers: already mapped");
   TENSORXFER_CHECK_EQ(InvalidArgument, "IpcMemory::map_peers: one handle per rank", handles.size(),
                       static_cast<std::size_t>(num_workers));
@@ -193,7 +193,7 @@ bool IpcMemory::peer_alive(int rank) const noexcept {
 }
 
 void IpcMemory::check_peers_alive() const {
-  TENSORXFER_CHECK(InvalidArgument, backing_ != nullptr, "IpcMemory: closed");
+  TENSORXFER_CHECK(Closed, backing_ != nullptr, "IpcMemory is closed");
   backing_->check_peers_alive();
 }
 

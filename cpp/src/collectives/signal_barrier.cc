@@ -56,6 +56,15 @@ sync::WaitStatus SignalBarrier::wait(BarrierLines lines, uint64_t epoch, sync::W
   });
 }
 
+bool SignalBarrier::arrived(BarrierLines lines, uint64_t epoch) const noexcept {
+  const FlagLine* own = own_lines(lines);
+  for (int rank = 0; rank < memory_.num_workers; ++rank) {
+    // acquire: pairs with the writer's release in arrive().
+    if (own[rank].epoch.load(std::memory_order_acquire) < epoch) return false;
+  }
+  return true;
+}
+
 std::vector<int> SignalBarrier::missing(BarrierLines lines, uint64_t epoch) const noexcept {
   std::vector<int> ranks;
   const FlagLine* own = own_lines(lines);

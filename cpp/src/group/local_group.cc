@@ -12,6 +12,7 @@
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "local_group_guards.h"
 #include "tensorxfer/group/group_segment.h"
 
 namespace tensorxfer::group {
@@ -48,8 +49,6 @@ std::string ranks_text(const std::vector<int>& ranks) {
   for (std::size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
   return text;
 }
-
-std::string quoted(const std::string& name) { return "'" + name + "'"; }
 
 enum class Attempt { kRetryNow, kRetryLater };
 
@@ -107,6 +106,7 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
 
 }  // namespace
 
+
 LocalGroup::LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size)
     : segment_(std::move(segment)),
       spin_(std::make_unique<sync::SpinPolicy>(sync::SpinPolicy::adaptive())),
@@ -126,6 +126,9 @@ LocalGroup& LocalGroup::operator=(LocalGroup&& other) noexcept {
     world_size_ = other.world_size_;
     barrier_epoch_ = other.barrier_epoch_;
     gather_rounds_ = other.gather_rounds_;
+    users_ = std::move(other.users_);
+    closing_ = std::move(other.closing_);
+    busy_ = std::move(other.busy_);
   }
   return *this;
 }
@@ -179,45 +182,10 @@ int LocalGroup::world_size() const noexcept { return world_size_; }
 const std::string& LocalGroup::name() const noexcept { return name_; }
 bool LocalGroup::closed() const noexcept { return segment_ == nullptr; }
 
-void LocalGroup::require_open(const char* operation) const {
-  TENSORXFER_CHECK(InvalidArgument, segment_ != nullptr, "LocalGroup::", operation, ": group ", quoted(name_),
-                   " is closed");
-}
-
-bool LocalGroup::rank_alive(int rank) const noexcept {
-  if (segment_ == nullptr || rank < 0 || rank >= world_size_) return false;
-  if (rank == rank_) return true;
-  try {
-    const auto status = segment_->status_of(rank);
-    return status == GroupSegment::MemberStatus::kAlive;
-  } catch (const CorruptSegment&) {
-    return false;
-  } catch (...) {
-    return true;  // the kernel could not answer: never call a live peer dead
-  }
-}
-
-void LocalGroup::check_peers() const {
-  require_open("check_peers");
-  // An exit is reported before a close: peers that saw the exit close in turn.
-  check_exited_peers();
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kLeft) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " closed the group");
-    }
-  }
-}
-
-void LocalGroup::check_exited_peers() const {
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_ && segment_->status_of(peer) == GroupSegment::MemberStatus::kExited) {
-      throw PeerLost("LocalGroup " + quoted(name_) + ": " + segment_->describe_member(peer) + " exited");
-    }
-  }
-}
-
 template <typename Settled>
 void LocalGroup::watch_peers(Settled& settled, const sync::WaitHook& hook) const {
+  TENSORXFER_CHECK(Closed, !closing_->load(std::memory_order_seq_cst), "LocalGroup ", quoted(name_),
+                   " is closed (close() ran on another thread during the wait)");
   if (hook) hook();
   try {
     check_peers();
@@ -281,7 +249,7 @@ void LocalGroup::await_epoch(uint64_t target, const char* operation, std::chrono
 }
 
 void LocalGroup::barrier(std::chrono::nanoseconds timeout, const sync::WaitHook& hook) {
-  require_open("barrier");
+  const Operation operation(*this, "barrier");
   const auto deadline = deadline_after("LocalGroup::barrier", timeout);
   const uint64_t target = ++barrier_epoch_;
   // release: everything this rank wrote before the barrier is visible to the
@@ -292,10 +260,12 @@ void LocalGroup::barrier(std::chrono::nanoseconds timeout, const sync::WaitHook&
 }
 
 std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std::chrono::nanoseconds timeout,
-                                                      const sync::WaitHook& hook) {
-  require_open("all_gather_bytes");
+                                                      const sync::WaitHook& hook, uint64_t max_nbytes) {
+  Operation operation(*this, "all_gather_bytes");
   TENSORXFER_CHECK(InvalidArgument, mine.size() <= kMaxGatherBytes, "LocalGroup::all_gather_bytes: at most ",
                    kMaxGatherBytes, " bytes per rank, got ", mine.size());
+  // A larger own contribution is still announced, so that every rank (with
+  // the same max_nbytes) refuses it below, together.
   const auto deadline = deadline_after("LocalGroup::all_gather_bytes", timeout);
   const uint64_t chunk = segment_->mailbox_nbytes();
   std::vector<std::string> gathered(static_cast<std::size_t>(world_size_));
@@ -329,6 +299,14 @@ std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std
                        segment_->path(), ": rank ", peer, "'s mailbox announces ", total, " bytes",
                        (k == 0 ? "" : ", changed during the gather"));
       if (k == 0) {
+        if (total > max_nbytes) {
+          // Before allocating anything for it; every rank (with the same
+          // max_nbytes) refuses the same contribution after the same round.
+          gather_rounds_ += 1;
+          operation.fail_consistently();
+          throw InvalidArgument(detail::concat("LocalGroup::all_gather_bytes(", quoted(name_), "): rank ", peer,
+                                               " contributes ", total, " bytes, more than max_nbytes ", max_nbytes));
+        }
         totals[peer] = total;
         gathered[peer].resize(static_cast<std::size_t>(total));
         rounds = std::max(rounds, (total + chunk - 1) / chunk);
@@ -341,15 +319,6 @@ std::vector<std::string> LocalGroup::all_gather_bytes(std::string_view mine, std
   }
   gather_rounds_ += rounds;
   return gathered;
-}
-
-void LocalGroup::close() noexcept {
-  if (segment_ == nullptr) return;
-  if (::getpid() == segment_->mapped_by()) {
-    segment_->mark_left(rank_);
-    (void)segment_->unlink_if_unused();
-  }
-  segment_.reset();
 }
 
 }  // namespace tensorxfer::group

@@ -124,7 +124,7 @@ std::byte* SlotRing::slot_data(uint32_t slot) const {
 }
 
 void SlotRing::check_open(const char* operation) const {
-  TENSORXFER_CHECK(InvalidArgument, !closed_.load(std::memory_order_relaxed), operation, ": ring is closed");
+  TENSORXFER_CHECK(Closed, !closed_.load(std::memory_order_relaxed), operation, ": ring is closed");
 }
 
 void SlotRing::check_usable(const char* operation) const {

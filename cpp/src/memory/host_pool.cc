@@ -38,7 +38,7 @@ HostBlock HostPool::allocate(std::size_t bytes) {
   const std::size_t mapped = HostRegion::mapped_size_for(bytes, options_.region);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stats_.closed) throw InvalidArgument("HostPool.allocate: the pool is closed");
+    if (stats_.closed) throw Closed("HostPool.allocate: HostPool is closed");
     auto cached = cache_.find(mapped);
     if (cached != cache_.end()) {
       HostRegion region = std::move(cached->second);

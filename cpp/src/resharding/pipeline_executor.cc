@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <set>
+#include <utility>
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
@@ -25,22 +27,75 @@ PipelineExecutor::PipelineExecutor(copy::CopyEngine& engine, DoubleBuffers& buff
 
 PipelineExecutor::~PipelineExecutor() = default;
 
+void PipelineExecutor::check_open(const char* operation) const {
+  TENSORXFER_CHECK(Closed, buffers_.is_open(), "PipelineExecutor.", operation,
+                   ": DoubleBufferManager is closed");
+}
+
 void PipelineExecutor::check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const {
+  const int world = buffers_.world_size();
+  const bool sending = side[0] == 's';
+  const int32_t own = sending ? batch.src_rank : batch.dest_rank;
+  const int32_t peer = sending ? batch.dest_rank : batch.src_rank;
+  const char* own_field = sending ? "src_pe" : "dest_pe";
+  const char* peer_field = sending ? "dest_pe" : "src_pe";
+  TENSORXFER_CHECK(InvalidArgument, own == my_pe_, side, " batch of iteration ", batch.iteration, ": ", own_field,
+                   " is ", own, ", this is rank ", my_pe_);
+  TENSORXFER_CHECK(InvalidArgument, peer >= 0 && peer < world && peer != my_pe_, side, " batch of iteration ",
+                   batch.iteration, ": ", peer_field, " must be another rank of the group (0..", world - 1,
+                   ", not ", my_pe_, "), got ", peer);
   TENSORXFER_CHECK(InvalidArgument, batch.total_nbytes <= buffers_.slot_nbytes(), side, " batch ", batch.batch_index,
-                   " of iteration ", batch.iteration, " needs ", batch.total_nbytes, " bytes, the slot holds ",
-                   buffers_.slot_nbytes());
+                   " of iteration ", batch.iteration, ": total_size ", batch.total_nbytes,
+                   " exceeds the slot's ", buffers_.slot_nbytes(), " bytes");
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (slot_offset, end) of every segment
+  extents.reserve(batch.segments.size());
   for (const TaskSegment& segment : batch.segments) {
     const auto found = memory.find(segment.task_id);
     TENSORXFER_CHECK(InvalidArgument, found != memory.end(), side, " batch of iteration ", batch.iteration,
                      " carries task_id=", segment.task_id, " that rank ", my_pe_, " has no ", side, " for");
     const uint64_t task_nbytes = found->second.nbytes;
     TENSORXFER_CHECK(InvalidArgument,
-                     segment.task_offset <= task_nbytes && segment.nbytes <= task_nbytes - segment.task_offset &&
-                         segment.slot_offset <= batch.total_nbytes &&
+                     segment.task_offset <= task_nbytes && segment.nbytes <= task_nbytes - segment.task_offset,
+                     side, " batch of iteration ", batch.iteration, ", task_id=", segment.task_id,
+                     ": task_offset ", segment.task_offset, " + size ", segment.nbytes, " exceeds the task's ",
+                     task_nbytes, " bytes");
+    TENSORXFER_CHECK(InvalidArgument,
+                     segment.slot_offset <= batch.total_nbytes &&
                          segment.nbytes <= batch.total_nbytes - segment.slot_offset,
-                     "task_id=", segment.task_id, ": segment [", segment.task_offset, ", +", segment.nbytes,
-                     ") at slot offset ", segment.slot_offset, " does not fit the task's ", task_nbytes,
-                     " bytes or the batch's ", batch.total_nbytes);
+                     side, " batch of iteration ", batch.iteration, ", task_id=", segment.task_id,
+                     ": slot_offset ", segment.slot_offset, " + size ", segment.nbytes,
+                     " exceeds the batch's total_size ", batch.total_nbytes);
+    if (segment.nbytes != 0) extents.emplace_back(segment.slot_offset, segment.slot_offset + segment.nbytes);
+  }
+  std::sort(extents.begin(), extents.end());
+  for (std::size_t i = 1; i < extents.size(); ++i) {
+    TENSORXFER_CHECK(InvalidArgument, extents[i - 1].second <= extents[i].first, side, " batch of iteration ",
+                     batch.iteration, ": segments overlap in the slot (slot_offset ", extents[i].first,
+                     " lies inside the segment at slot_offset ", extents[i - 1].first, ")");
+  }
+}
+
+void PipelineExecutor::check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
+                                  const TaskMemoryMap& receives) const {
+  check_open("check_plan");
+  TENSORXFER_CHECK(InvalidArgument, schedules.size() <= UINT32_MAX, "a plan holds at most ", UINT32_MAX,
+                   " iterations, got ", schedules.size());
+  std::set<std::pair<int32_t, uint32_t>> sent, received;  // (peer, batch_index) so far
+  for (std::size_t i = 0; i < schedules.size(); ++i) {
+    const IterationSchedule& step = schedules[i];
+    for (const bool sending : {true, false}) {
+      const std::optional<ScheduledBatch>& entry = sending ? step.send : step.receive;
+      if (!entry) continue;
+      const ScheduledBatch* batch = &*entry;
+      const char* side = sending ? "send" : "receive";
+      TENSORXFER_CHECK(InvalidArgument, batch->iteration == i, side, " batch in position ", i,
+                       " of the plan: iteration is ", batch->iteration, ", expected ", i);
+      check_batch(*batch, sending ? sends : receives, side);
+      const int32_t peer = sending ? batch->dest_rank : batch->src_rank;
+      const bool fresh = (sending ? sent : received).emplace(peer, batch->batch_index).second;
+      TENSORXFER_CHECK(InvalidArgument, fresh, side, " batch of iteration ", i, ": batch_index ", batch->batch_index,
+                       " appears twice among the batches ", sending ? "to" : "from", " rank ", peer);
+    }
   }
 }
 
@@ -71,12 +126,14 @@ void PipelineExecutor::copy_segments(const ScheduledBatch& batch, std::byte* slo
 }
 
 void PipelineExecutor::launch_pack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
+  check_open("launch_pack");
   check_batch(batch, sends, "send");
   std::byte* slot = buffers_.send_slot(slot_of(iteration));
   pack_stream_.enqueue([this, batch, slot, &sends] { copy_segments(batch, slot, sends, /*into_slot=*/true); });
 }
 
 void PipelineExecutor::launch_unpack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& receives) {
+  check_open("launch_unpack");
   check_batch(batch, receives, "receive");
   std::byte* slot = buffers_.receive_slot(slot_of(iteration));
   unpack_stream_.enqueue(
@@ -97,18 +154,8 @@ void PipelineExecutor::synchronize_streams() {
 
 void PipelineExecutor::execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                                         const TaskMemoryMap& receives) {
-  for (const IterationSchedule& step : schedules) {
-    if (step.send) {
-      TENSORXFER_CHECK(InvalidArgument, step.send->src_rank == my_pe_, "send batch of iteration ",
-                       step.send->iteration, " starts at rank ", step.send->src_rank, ", this is rank ", my_pe_);
-      check_batch(*step.send, sends, "send");
-    }
-    if (step.receive) {
-      TENSORXFER_CHECK(InvalidArgument, step.receive->dest_rank == my_pe_, "receive batch of iteration ",
-                       step.receive->iteration, " ends at rank ", step.receive->dest_rank, ", this is rank ", my_pe_);
-      check_batch(*step.receive, receives, "receive");
-    }
-  }
+  check_open("execute_pipeline");
+  check_plan(schedules, sends, receives);
   const auto count = static_cast<uint32_t>(schedules.size());
   try {
     if (count > 0 && schedules[0].send) launch_pack(0, *schedules[0].send, sends);

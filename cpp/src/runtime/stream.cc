@@ -169,7 +169,7 @@ uint64_t HostStream::enqueue(Task task) {
   Entry entry;
   entry.work = std::move(task);
   std::lock_guard<std::mutex> lock(state_->mutex);
-  TENSORXFER_CHECK(InvalidArgument, state_->accepting, "HostStream: cannot enqueue on a closed stream");
+  TENSORXFER_CHECK(Closed, state_->accepting, "HostStream.enqueue: HostStream is closed");
   TENSORXFER_CHECK(InvalidArgument, ::getpid() == owner_pid_, "HostStream: created in process ",
                    owner_pid_, ", its worker thread does not exist in this forked child ",
                    ::getpid(), "; create a new stream here");
@@ -196,7 +196,7 @@ uint64_t HostStream::record(HostEvent& event) {
   Entry entry;
   entry.event = event.state();
   std::lock_guard<std::mutex> lock(state_->mutex);
-  TENSORXFER_CHECK(InvalidArgument, state_->accepting, "HostStream.record: the stream is closed");
+  TENSORXFER_CHECK(Closed, state_->accepting, "HostStream.record: HostStream is closed");
   TENSORXFER_CHECK(InvalidArgument, ::getpid() == owner_pid_, "HostStream: created in process ",
                    owner_pid_, ", its worker thread does not exist in this forked child ",
                    ::getpid(), "; create a new stream here");

@@ -82,7 +82,7 @@ class HostMemPool:
         """A raw page-aligned block of ``nbytes`` (a writable uint8 buffer, ``_core.HostBlock``).
 
         Its ``huge_pages``, ``locked``, ``lock_error`` and ``reused`` attributes
-        say how it was mapped. Raises ``ValueError`` once the pool is closed.
+        say how it was mapped. Raises :class:`tensorxfer.errors.ClosedError` once the pool is closed.
         """
         size = _index(nbytes, "nbytes")
         if size < 0:

@@ -63,6 +63,7 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer._resource import SharedResource
+from tensorxfer.errors import ClosedError
 
 __all__ = ["SlotRing", "SlotRingHandle"]
 
@@ -267,7 +268,7 @@ class SlotRing(SharedResource):
         with ``timeout=None``; no slot is taken then).
         """
         if self._closed:
-            raise ValueError("ring is closed")
+            raise ClosedError("ring is closed")
         return self._core.acquire_free(timeout)
 
     def try_acquire_free(self) -> Optional[int]:
@@ -282,7 +283,7 @@ class SlotRing(SharedResource):
         """
         # Checks inlined for the common case: this call is on the hand-off's critical path.
         if self._closed:
-            raise ValueError("ring is closed")
+            raise ClosedError("ring is closed")
         if not (type(slot) is int and 0 <= slot < self._depth):
             slot = _check_int(slot, "slot", 0, self._depth)
         if not (type(tick_id) is int and 0 <= tick_id < 18446744073709551616):
@@ -337,7 +338,7 @@ class SlotRing(SharedResource):
         with ``timeout=None``; nothing is taken then).
         """
         if self._closed:
-            raise ValueError("ring is closed")
+            raise ClosedError("ring is closed")
         slot, tick_id, self._last_publish_ns = self._core.acquire_ready(timeout)
         return slot, tick_id
 
@@ -355,7 +356,7 @@ class SlotRing(SharedResource):
         Raises ``ValueError`` if out of range or not held by the consumer.
         """
         if self._closed:
-            raise ValueError("ring is closed")
+            raise ClosedError("ring is closed")
         if not (type(slot) is int and 0 <= slot < self._depth):
             slot = _check_int(slot, "slot", 0, self._depth)
         self._core.release(slot)
@@ -383,7 +384,7 @@ class SlotRing(SharedResource):
     def close(self) -> None:
         """Detach. A producer returns the slots it holds for writing; the consumer
         closes the ring (waiting producers get ``PeerLostError``) and removes its name.
-        Idempotent.  Afterwards every method raises ``ValueError("ring is closed")``.
+        Idempotent.  Afterwards every method raises ``ClosedError("ring is closed")`` (a ``ValueError``).
         """
         super().close()
 

@@ -17,6 +17,17 @@ Messages larger than ``max_bytes`` are cut into chunks through two staging
 windows per rank. A tensor made with :meth:`Communicator.buffer` already lives
 in shared memory: it is reduced there, without copying it in.
 
+What a user may write: only :meth:`Communicator.buffer` (the zero-copy
+buffer) is the user's part of the communicator's shared memory. The rest of
+its :attr:`~Communicator.ipc_memory` -- each rank's two staging windows and
+the flags -- belongs to the communicator: a tensor overlapping any rank's
+staging windows is refused with ``ValueError`` (writing there, e.g. through
+``comm.ipc_memory.buffer(...)``, would corrupt the results).
+
+One operation at a time per communicator: a call made while another thread
+runs one raises ``ValueError`` at once; :meth:`Communicator.close` from
+another thread ends a running call with :class:`tensorxfer.errors.ClosedError`.
+
 ``timeout`` (seconds) bounds each call; None waits without limit but still
 notices dead ranks (``tensorxfer.PeerLostError``) and Ctrl-C. After a timeout,
 a lost rank or a mismatch the communicator is unusable: make a new one.
@@ -28,7 +39,7 @@ import os
 from typing import Any, Optional
 
 from tensorxfer import _core
-from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory, exchange_and_map, typed_view
+from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory, create_and_map, typed_view
 
 #: Default bytes per chunk (each of the two staging windows per rank): chunks
 #: stay in L2 (bench_collectives.py, 2 ranks: 256 KiB as fast as 1 MiB or faster).
@@ -39,8 +50,12 @@ DEFAULT_MAX_BYTES_OVERSUBSCRIBED = 1 << 20
 
 
 def default_max_bytes(world_size: int) -> int:
-    """The chunk size a Communicator of ``world_size`` ranks uses when none is given."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The chunk size a Communicator of ``world_size`` ranks uses when none is given.
+
+    It depends only on ``world_size`` and the host's CPU count (``os.cpu_count()``,
+    the same for every process of the host, unlike a process's CPU affinity), so
+    every rank computes the same value; the construction checks it anyway."""
+    cpus = os.cpu_count() or 1
     return DEFAULT_MAX_BYTES if world_size <= cpus else DEFAULT_MAX_BYTES_OVERSUBSCRIBED
 
 
@@ -70,19 +85,33 @@ class Communicator:
         timeout: Optional[float] = None,
         spin_us: Optional[float] = None,
     ) -> None:
-        """Collective: every rank of ``group`` calls it with the same sizes."""
-        if max_bytes is None:
-            max_bytes = default_max_bytes(int(group.world_size))
-        max_bytes = _checked_size(max_bytes, "max_bytes")
-        buffer_bytes = max_bytes if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
-        if spin_us is not None and not (0 <= float(spin_us) <= 1e6):
-            raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
+        """Collective: every rank of ``group`` calls it with the same sizes.
+
+        ``max_bytes`` and ``buffer_bytes`` are compared between ranks: a
+        difference raises ``ValueError`` on every rank naming both values. A
+        rank whose construction fails (a bad argument, no memory) makes every
+        rank's construction fail, also with ``timeout=None``."""
         self._group = group
-        nbytes = _core.communicator_required_nbytes(max_bytes, buffer_bytes)
-        native_memory = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, "cpu")
-        exchange_and_map(native_memory, group, timeout)
+        world = int(group.world_size)
+        requested = {"max_bytes": max_bytes, "buffer_bytes": buffer_bytes}
+        sizes: dict = {}
+
+        def region_nbytes() -> int:  # checked inside the exchange: a bad argument fails every rank
+            chunk = default_max_bytes(world) if max_bytes is None else _checked_size(max_bytes, "max_bytes")
+            buffer = chunk if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
+            if spin_us is not None and not (0 <= float(spin_us) <= 1e6):
+                raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
+            sizes.update(max_bytes=chunk, buffer_bytes=buffer)
+            return int(_core.communicator_required_nbytes(chunk, buffer, world))
+
+        native_memory = create_and_map("Communicator", group, region_nbytes, "cpu", timeout, requested)
         check = getattr(group, "check_peers", None)
-        self._native = _core.Communicator(native_memory, max_bytes, buffer_bytes, check, spin_us)
+        try:
+            self._native = _core.Communicator(native_memory, sizes["max_bytes"], sizes["buffer_bytes"], check,
+                                              spin_us)
+        except BaseException:
+            native_memory.close()
+            raise
         self._memory = IpcMemory(self._native.memory)
 
     @property
@@ -102,7 +131,11 @@ class Communicator:
 
     @property
     def ipc_memory(self) -> IpcMemory:
-        """The IpcMemory the collectives run over (its fields, e.g. ``barrier_flag``)."""
+        """The IpcMemory the collectives run over (its fields, e.g. ``barrier_flag``).
+
+        Read-only for the user except :meth:`buffer`'s part: each region
+        starts with this communicator's two staging windows, which its
+        collectives write (a tensor overlapping them is refused)."""
         return self._memory
 
     @property

@@ -35,9 +35,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 from tensorxfer import _core
 from tensorxfer._resource import SharedResource
 
-__all__ = ["GroupHandle", "LocalGroup"]
+__all__ = ["DEFAULT_MAX_GATHER_NBYTES", "GroupHandle", "LocalGroup"]
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+#: The default bound of :meth:`LocalGroup.all_gather_bytes` on one rank's contribution (256 MiB).
+DEFAULT_MAX_GATHER_NBYTES = int(_core.LocalGroup.default_max_gather_nbytes)
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,11 @@ class LocalGroup(SharedResource):
 
     ``_native`` is the ``tensorxfer._core.LocalGroup`` other native layers use.
     Collectives must be called in the same order on every rank, one at a time
-    per group (not concurrently from several threads, nor while ``close()``
-    runs in another thread).
+    per group: a second one while another thread runs one raises ``ValueError``
+    at once ("one operation at a time"); ``close()`` from another thread ends
+    a running wait with :class:`tensorxfer.errors.ClosedError`. A rank whose
+    collective fails (timeout, lost peer, Ctrl-C) is marked as having given
+    up, so its peers' waits end with ``PeerLostError`` instead of waiting.
     """
 
     _kind = "LocalGroup"
@@ -218,19 +224,24 @@ class LocalGroup(SharedResource):
         self._ensure_open()
         self._native.barrier(timeout)
 
-    def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None) -> List[bytes]:
+    def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None, *,
+                         max_nbytes: int = DEFAULT_MAX_GATHER_NBYTES) -> List[bytes]:
         """Every rank's ``data`` in rank order (own included); sizes may differ between ranks.
 
         ``data`` is bytes-like (bytes, bytearray, memoryview of contiguous bytes).
         Contributions larger than the shared mailbox (64 KiB) are exchanged in
-        rounds. Raises like :meth:`barrier`.
+        rounds. ``max_nbytes`` bounds every rank's contribution: one that is
+        larger (own, or announced by a peer) raises ``ValueError`` on every
+        rank (naming the rank and both sizes) before anything is allocated for
+        it, and the group stays usable. Otherwise raises like :meth:`barrier`.
         """
         self._ensure_open()
+        max_nbytes = _check_int(max_nbytes, "max_nbytes", 0)
         if not isinstance(data, bytes):
             if not isinstance(data, (bytearray, memoryview)):
                 raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}")
             data = bytes(data)
-        return self._native.all_gather_bytes(data, timeout)
+        return self._native.all_gather_bytes(data, timeout, max_nbytes)
 
     # ---- liveness --------------------------------------------------------------
 

@@ -16,11 +16,13 @@ has mapped them, so nothing is left behind even if a rank is killed later.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence
+import json
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer.errors import ClosedError, TensorxferError
 
 
 class GroupLike(Protocol):
@@ -72,13 +74,108 @@ def typed_view(region: np.ndarray, dtype: Any, shape: Any, what: str) -> Any:
     return region[:nbytes].view(np_dtype).reshape(shape)
 
 
-def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
-    """Steps 2 and 3 of building an IpcMemory: all-gather the handles, map, barrier, unlink.
+#: The most bytes one rank's construction message may take (a handle, its layout, an error text).
+_MAX_MESSAGE_NBYTES = 64 << 10
 
-    On failure the native object is closed (its segment unlinked) and the error re-raised.
-    """
+
+def _gather(group: GroupLike, data: bytes, timeout: Optional[float]) -> Sequence[bytes]:
+    """``group.all_gather_bytes``, bounded by :data:`_MAX_MESSAGE_NBYTES` where the group supports a bound."""
+    native = getattr(group, "_native", None)
+    if isinstance(native, _core.LocalGroup):
+        return group.all_gather_bytes(data, timeout=timeout, max_nbytes=_MAX_MESSAGE_NBYTES)  # type: ignore[call-arg]
+    return group.all_gather_bytes(data, timeout=timeout)
+
+
+def _abandon(group: GroupLike) -> None:
+    """Tells the peers this rank gave up (their waits end with PeerLostError), where the group can."""
+    native = getattr(group, "_native", None)
+    if isinstance(native, _core.LocalGroup):
+        native.abandon()
+
+
+def _message(ok: bool, text: str, layout: Dict[str, Any]) -> bytes:
+    shown = {key: repr(value) for key, value in layout.items()}
+    return json.dumps({"ok": ok, "text": text[:4096], "layout": shown}).encode()
+
+
+def _agree(what: str, group: GroupLike, ok: bool, text: str, layout: Dict[str, Any],
+           timeout: Optional[float]) -> List[str]:
+    """One all-gather of every rank's status (and layout); raises on every rank if any rank failed
+    or the layouts differ. Returns every rank's text (a handle when ok)."""
     try:
-        handles = group.all_gather_bytes(native.local_handle, timeout=timeout)
+        replies = [json.loads(bytes(reply)) for reply in _gather(group, _message(ok, text, layout), timeout)]
+    except BaseException:
+        _abandon(group)  # a wait that failed or was interrupted: peers must not wait for this rank
+        raise
+    rank = int(group.rank)
+    if not ok:
+        return []  # the caller raises its own error
+    failed = [(r, reply["text"]) for r, reply in enumerate(replies) if not reply["ok"]]
+    if failed:
+        first, reason = failed[0]
+        raise TensorxferError(f"{what}: rank {first} failed to construct its part ({reason}); "
+                              f"rank {rank} gives up too")
+    for key, value in layout.items():
+        mine = repr(value)
+        for r, reply in enumerate(replies):
+            theirs = reply["layout"].get(key)
+            if theirs != mine:
+                raise ValueError(f"{what}: every rank must use the same {key}: rank {rank} has {mine}, "
+                                 f"rank {r} has {theirs}")
+    return [str(reply["text"]) for reply in replies]
+
+
+def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], device: str, timeout: Optional[float],
+                   layout: Optional[Dict[str, Any]] = None) -> Any:
+    """Collective: a mapped ``_core.IpcMemory`` of ``nbytes()`` per rank, every rank's mapped here.
+
+    Every rank reaches every exchange even when its own step failed, and says
+    so: a failure on one rank (a bad argument, ENOSPC, a layout that differs)
+    is an error on every rank, also with ``timeout=None``; an interrupted wait
+    (Ctrl-C, a timeout) marks this rank as having given up, which ends the
+    peers' waits. Whatever this rank made is released before the error leaves.
+    ``layout`` (name -> value) must be equal on every rank (``ValueError``
+    naming both values otherwise).
+    """
+    layout = dict(layout or {})
+    native = None
+    try:
+        try:
+            native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes(), device)
+            handle, error = bytes(native.local_handle).hex(), None
+        except Exception as failure:  # noqa: BLE001 - reported to the peers, then re-raised
+            handle, error = f"{type(failure).__name__}: {failure}", failure
+        except BaseException:  # Ctrl-C outside a group wait
+            _abandon(group)
+            raise
+        handles = _agree(what, group, error is None, handle, layout, timeout)
+        if error is not None:
+            raise error
+        assert native is not None
+        try:
+            native.map_peers([bytes.fromhex(h) for h in handles])
+        except Exception as failure:  # noqa: BLE001
+            error = failure
+        except BaseException:
+            _abandon(group)
+            raise
+        _agree(what, group, error is None, "" if error is None else f"{type(error).__name__}: {error}", {}, timeout)
+        if error is not None:
+            raise error
+        native.release_handles()
+        return native
+    except BaseException:
+        if native is not None:
+            native.close()
+        raise
+
+
+def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
+    """Steps 2 and 3 of building an IpcMemory made with ``create_local``: all-gather the handles,
+    map, barrier, unlink. On failure the native object is closed (its segment unlinked) and the
+    error re-raised. (:func:`create_and_map` also carries a failure of ``create_local`` to the peers.)"""
+    try:
+        handles = _gather(group, native.local_handle, timeout)
         native.map_peers([bytes(handle) for handle in handles])
         group.barrier(timeout=timeout)
         native.release_handles()
@@ -111,13 +208,15 @@ class IpcMemory:
         ``tensorxfer.UnsupportedError`` for ``"cuda"`` without CUDA,
         ``tensorxfer.PeerLostError`` when a rank died during the exchange.
         """
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-            raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
-        native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, device)
-        exchange_and_map(native, group, timeout)
-        return cls(native)
+        def size() -> int:  # checked inside the exchange, so a bad argument fails every rank
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+                raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
+            if device not in ("cpu", "cuda"):
+                raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
+            return nbytes
+
+        return cls(create_and_map("IpcMemory.create", group, size, device, timeout,
+                                  {"nbytes": nbytes, "device": device}))
 
     @property
     def num_workers(self) -> int:
@@ -168,8 +267,14 @@ class IpcMemory:
         """A view of the start of rank ``rank``'s region: numpy for a numpy dtype, torch for a torch dtype.
 
         Writes through the view are seen by every rank; synchronise with a
-        barrier. The view keeps the mapping alive (host memory only).
+        barrier. The view keeps the mapping alive (host memory only). In the
+        IpcMemory of a ``Communicator`` (``comm.ipc_memory``) only the region
+        of ``Communicator.buffer()`` is the user's to write: the start of
+        each region holds the communicator's staging windows, and a tensor
+        overlapping them is refused by the collectives.
         """
+        if self.closed:
+            raise ClosedError("IpcMemory is closed")
         if not 0 <= int(rank) < self.num_workers:
             raise ValueError(f"IpcMemory.buffer: rank must be in [0, {self.num_workers}), got {rank}")
         return typed_view(self._native.region(int(rank)), dtype, shape, "IpcMemory.buffer")

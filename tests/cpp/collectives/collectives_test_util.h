@@ -30,7 +30,7 @@ inline std::vector<collectives::IpcMemory> make_ipc_group(int world, std::size_t
 
 inline std::vector<std::unique_ptr<collectives::Communicator>> make_communicators(int world, std::size_t max_bytes,
                                                                                   std::size_t buffer_bytes = 0) {
-  auto memories = make_ipc_group(world, collectives::Communicator::required_data_nbytes(max_bytes, buffer_bytes));
+  auto memories = make_ipc_group(world, collectives::Communicator::required_data_nbytes(max_bytes, buffer_bytes, world));
   std::vector<std::unique_ptr<collectives::Communicator>> communicators;
   for (auto& memory : memories) {
     communicators.push_back(

@@ -130,7 +130,16 @@ TEST(LocalGroupTest, BarrierTimesOutNamingTheRankThatDidNotArrive) {
   const std::string name = unique_group_name("barrier-timeout");
   std::array<std::unique_ptr<LocalGroup>, 3> groups;
   run_ranks(3, [&](int rank) { groups[rank] = LocalGroup::join(name, rank, 3, 10s); });
-  std::thread rank1([&] { EXPECT_THROW(groups[1]->barrier(500ms), Timeout); });
+  // Rank 1 waits longer: once rank 0 gives up, rank 1 learns it (PeerLost naming rank 0), not a timeout.
+  std::thread rank1([&] {
+    try {
+      groups[1]->barrier(5s);
+      ADD_FAILURE() << "expected PeerLost";
+    } catch (const PeerLost& error) {
+      EXPECT_NE(std::string(error.what()).find("rank 0 (pid"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("gave up"), std::string::npos) << error.what();
+    }
+  });
   const auto start = std::chrono::steady_clock::now();
   try {
     groups[0]->barrier(100ms);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,7 @@ class ThreadFabric {
     return slots_[static_cast<std::size_t>(rank * 4 + kind * 2 + index)].data();
   }
   std::size_t slot_nbytes() const { return slot_nbytes_; }
+  int world_size() const { return world_size_; }
 
   void barrier(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -65,6 +67,9 @@ class ThreadBuffers final : public DoubleBuffers {
   bool delays = false;
   std::chrono::milliseconds timeout{10000};
   std::size_t slot_nbytes() const noexcept override { return fabric_.slot_nbytes(); }
+  int world_size() const noexcept override { return fabric_.world_size(); }
+  bool is_open() const noexcept override { return open; }
+  bool open = true;
   std::byte* send_slot(int index) noexcept override { return fabric_.slot(rank_, 0, index); }
   std::byte* receive_slot(int index) noexcept override { return fabric_.slot(rank_, 1, index); }
   std::byte* peer_receive_slot(int pe, int index) noexcept override { return fabric_.slot(pe, 1, index); }
@@ -159,7 +164,7 @@ TEST(PipelineExecutorTest, RepeatedRunsWithInjectedDelaysNeverOverwriteAnUnreadS
 }
 
 TEST(PipelineExecutorTest, RefusesASegmentOutsideItsTask) {
-  ThreadFabric fabric(1, 1024);
+  ThreadFabric fabric(2, 1024);
   ThreadBuffers buffers(fabric, 0, 1);
   copy::CopyEngine engine(1);
   PipelineExecutor executor(engine, buffers, 0);
@@ -176,6 +181,88 @@ TEST(PipelineExecutorTest, RefusesASegmentOutsideItsTask) {
   batch.segments = {TaskSegment{8, 0, 10, 0}};  // a task this rank does not send
   plan[0].send = batch;
   EXPECT_THROW(executor.execute_pipeline(plan, sends, {}), InvalidArgument);
+}
+
+// One rank of a group of `world` with a 100-byte send task 7 and receive task 9.
+struct OneRank {
+  explicit OneRank(int world) : fabric(world, 1024), buffers(fabric, 0, 1), executor(engine, buffers, 0) {}
+  ThreadFabric fabric;
+  ThreadBuffers buffers;
+  copy::CopyEngine engine{1};
+  PipelineExecutor executor;
+  std::vector<std::byte> source = std::vector<std::byte>(100), target = std::vector<std::byte>(100);
+  TaskMemoryMap sends{{7, TaskMemory{source.data(), 100}}};
+  TaskMemoryMap receives{{9, TaskMemory{target.data(), 100}}};
+
+  static ScheduledBatch batch(int32_t src, int32_t dest, uint64_t task, uint32_t iteration = 0) {
+    ScheduledBatch b;
+    b.src_rank = src;
+    b.dest_rank = dest;
+    b.iteration = iteration;
+    b.segments = {TaskSegment{task, 0, 100, 0}};
+    b.total_nbytes = 100;
+    return b;
+  }
+  // The message of the InvalidArgument `plan` raises ("" if none).
+  std::string refusal(const std::vector<IterationSchedule>& plan) {
+    try {
+      executor.execute_pipeline(plan, sends, receives);
+    } catch (const InvalidArgument& error) {
+      return error.what();
+    }
+    return "";
+  }
+};
+
+TEST(PipelineExecutorTest, RefusesRanksOutsideTheGroupNamingTheField) {
+  OneRank one(1);
+  std::vector<IterationSchedule> plan(1);
+  plan[0].send = OneRank::batch(0, 5, 7);  // the SIGSEGV of issue 13: rank 5 of a group of 1
+  EXPECT_NE(one.refusal(plan).find("dest_pe must be another rank of the group (0..0, not 0), got 5"),
+            std::string::npos)
+      << one.refusal(plan);
+  plan[0].send = OneRank::batch(0, -1, 7);
+  EXPECT_NE(one.refusal(plan).find("dest_pe"), std::string::npos);
+  plan[0].send = OneRank::batch(0, 0, 7);  // to itself: self moves are not scheduled
+  EXPECT_NE(one.refusal(plan).find("dest_pe"), std::string::npos);
+  plan[0].send = OneRank::batch(3, 0, 7);
+  EXPECT_NE(one.refusal(plan).find("src_pe is 3, this is rank 0"), std::string::npos);
+  plan[0].send.reset();
+  plan[0].receive = OneRank::batch(2, 0, 9);
+  EXPECT_NE(one.refusal(plan).find("src_pe must be another rank"), std::string::npos);
+  EXPECT_EQ(one.target, std::vector<std::byte>(100));
+}
+
+TEST(PipelineExecutorTest, RefusesIterationBatchIndexSizesAndOverlapsBeforeAnythingMoves) {
+  OneRank one(2);
+  for (auto& byte : one.source) byte = std::byte{0x5A};
+  std::vector<IterationSchedule> plan(2);
+  plan[0].send = OneRank::batch(0, 1, 7, /*iteration=*/1);
+  EXPECT_NE(one.refusal(plan).find("iteration is 1, expected 0"), std::string::npos);
+  plan[0].send = OneRank::batch(0, 1, 7, 0);
+  plan[1].send = OneRank::batch(0, 1, 7, 1);  // batch_index 0 twice for rank 1
+  EXPECT_NE(one.refusal(plan).find("batch_index 0 appears twice"), std::string::npos);
+  plan[1].send.reset();
+  plan[0].send->total_nbytes = 4096;  // the slot holds 1024
+  EXPECT_NE(one.refusal(plan).find("total_size 4096 exceeds the slot's 1024 bytes"), std::string::npos);
+  plan[0].send = OneRank::batch(0, 1, 7, 0);
+  plan[0].send->segments = {TaskSegment{7, 0, 60, 0}, TaskSegment{7, 60, 40, 32}};
+  plan[0].send->total_nbytes = 100;
+  EXPECT_NE(one.refusal(plan).find("segments overlap in the slot"), std::string::npos);
+  plan[0].send->segments = {TaskSegment{7, 0, 50, 90}};
+  EXPECT_NE(one.refusal(plan).find("slot_offset 90 + size 50 exceeds the batch's total_size 100"),
+            std::string::npos);
+  // Nothing was packed: every refusal came before the first copy.
+  EXPECT_EQ(std::memcmp(one.fabric.slot(0, 0, 0), std::vector<std::byte>(100).data(), 100), 0);
+}
+
+TEST(PipelineExecutorTest, RefusesToRunOnReleasedBuffers) {
+  OneRank one(2);
+  one.buffers.open = false;
+  std::vector<IterationSchedule> plan(1);
+  plan[0].send = OneRank::batch(0, 1, 7);
+  EXPECT_THROW(one.executor.execute_pipeline(plan, one.sends, one.receives), Closed);
+  EXPECT_THROW(one.executor.launch_pack(0, *plan[0].send, one.sends), Closed);
 }
 
 TEST(PipelineExecutorTest, ABarrierThatTimesOutEndsTheRunWithTheError) {

@@ -6,6 +6,7 @@ import hashlib
 import json
 import multiprocessing
 import random
+import threading
 import time
 import uuid
 
@@ -95,10 +96,34 @@ def test_ranks_move_every_byte_with_the_same_schedule(world):
         assert iterations >= 2  # small slots: the double buffering is exercised
 
 
+def _threads_as_ranks(world: int, slot_nbytes: int):
+    """``world`` LocalGroups (one per rank, joined from threads of this process) and their DoubleBufferManagers."""
+    name = f"pipeline-threads-{uuid.uuid4().hex[:8]}"
+    groups: list = [None] * world
+    buffers: list = [None] * world
+    errors: list = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            groups[rank] = LocalGroup.join(name, rank=rank, world_size=world, timeout=20)
+            buffers[rank] = DoubleBufferManager(groups[rank], slot_nbytes=slot_nbytes, timeout=20)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return groups, buffers
+
+
 def test_launch_pack_fills_the_send_slot_and_streams_are_host_only():
-    group = LocalGroup.join(f"pipeline-one-{uuid.uuid4().hex[:8]}", rank=0, world_size=1, timeout=10)
+    groups, managers = _threads_as_ranks(2, 4096)
     try:
-        buffers = DoubleBufferManager(group, slot_nbytes=4096)
+        buffers = managers[0]
         source = np.arange(300, dtype=np.uint8)
         launcher = HostKernelLauncher([SendRequest(5, source, 100, 50, 1)], [])
         executor = PipelineExecutor(launcher, buffers, 0)
@@ -107,7 +132,7 @@ def test_launch_pack_fills_the_send_slot_and_streams_are_host_only():
         executor.synchronize()
         assert np.array_equal(buffers.send_slot(1)[64:104], source[110:150])
         assert not buffers.send_slot(0).any()
-        with pytest.raises(ValueError, match="does not fit"):
+        with pytest.raises(ValueError, match="task_offset 40 \\+ size 20 exceeds the task's 50 bytes"):
             executor._launch_pack(0, ScheduledBatch(0, 1, 0, 0, [BatchTask(5, 40, 20, 0)], 20))
         with pytest.raises(UnsupportedError):
             executor.set_streams(pack_stream=object())
@@ -116,9 +141,11 @@ def test_launch_pack_fills_the_send_slot_and_streams_are_host_only():
             HostKernelLauncher([SendRequest(6, source, 290, 20, 0)], [])
         with pytest.raises(ValueError, match="my_pe"):
             PipelineExecutor(launcher, buffers, 3)
-        buffers.close()
     finally:
-        group.close()
+        for manager in managers:
+            manager.close()
+        for group in groups:
+            group.close()
 
 
 def test_process_self_moves_copies_matched_requests_and_names_a_missing_send():

@@ -6,7 +6,7 @@
 //   [2 * stage, + buffer) the zero-copy buffer (buffer(rank)): a tensor that
 //                         already lives here (same offset on every rank) is
 //                         reduced in place, without the copy in.
-// stage = max_bytes rounded up to 4 KiB. Larger messages are cut into chunks
+// stage = stage_nbytes_for(max_bytes, world_size). Larger messages are cut into chunks
 // of at most `stage` bytes; chunk k uses window (barrier sequence % 2).
 //
 // Protocol of every chunk (signal_layout.h names the words):
@@ -25,12 +25,21 @@
 // Results are bitwise identical on every rank: each element is reduced from
 // the ranks' values in rank order (reduce.h), whatever the algorithm or chunking.
 //
-// Thread-safety: one operation in flight per communicator (calls from several
-// threads are serialised). Every operation takes a timeout (kNoTimeout: wait
+// What a user may write: only buffer(rank) (the zero-copy buffer) and memory
+// outside the IpcMemory. A tensor overlapping any rank's staging windows is
+// refused (InvalidArgument); the signal words are not data at all.
+//
+// Thread-safety: one operation in flight per communicator: a call made while
+// another thread runs one raises InvalidArgument at once ("one operation at a
+// time"); close() from another thread ends the running operation with Closed
+// within one watch slice. Every operation takes a timeout (kNoTimeout: wait
 // forever, still watching peers and the hook). After a timeout, a lost peer
 // or a mismatch, the communicator is unusable (ranks are out of step).
 #pragma once
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -60,9 +69,14 @@ class Communicator {
  public:
   static constexpr std::chrono::nanoseconds kNoTimeout = std::chrono::nanoseconds::max();
   static constexpr std::size_t kMinStageBytes = 4096;
+  // The widest element a collective handles (float64, int64).
+  static constexpr std::size_t kMaxElementBytes = 8;
 
-  // The data bytes an IpcMemory needs for these sizes.
-  static std::size_t required_data_nbytes(std::size_t max_bytes, std::size_t buffer_bytes);
+  // One staging window's bytes: max_bytes rounded up to 4 KiB, at least
+  // kMinStageBytes and one widest element per rank (reduce_scatter's chunk).
+  static std::size_t stage_nbytes_for(std::size_t max_bytes, int world_size);
+  // The data bytes an IpcMemory of `world_size` ranks needs for these sizes.
+  static std::size_t required_data_nbytes(std::size_t max_bytes, std::size_t buffer_bytes, int world_size);
 
   // Takes a mapped host IpcMemory of at least required_data_nbytes(...).
   // `peer_check` (optional, may throw PeerLost) runs with the segment-owner
@@ -104,7 +118,8 @@ class Communicator {
   bool is_closed() const noexcept { return memory_.is_closed(); }
 
   // Closes the memory (IpcMemory::close: buffers stay mapped until destruction).
-  // Idempotent; never throws; waits for a running operation.
+  // Idempotent; never throws. A running operation ends with Closed (within a
+  // watch slice) before the memory goes. In a fork()ed child it takes no lock.
   void close() noexcept;
 
  private:
@@ -117,15 +132,22 @@ class Communicator {
   uint64_t start_barrier(Call& call, const OpDescriptor& descriptor);
   void out_barrier(Call& call, const char* stage);
   void check_usable(const char* operation) const;
-  // Every wait slice: a peer that gave up over a lost rank, then peer
-  // liveness, then peer_check_. Throws PeerLost naming the lost rank.
-  void check_peers();
+  // Throws InvalidArgument if `view` overlaps a rank's staging windows.
+  void require_outside_windows(const TensorView& view, const char* argument) const;
+  // A peer that gave up over a lost rank, then peer liveness, then
+  // peer_check_. Throws PeerLost; `lost` names the lost rank when known.
+  void check_peers(int& lost);
+  // Every wait slice of a wait for `lines` at `epoch`: Closed once close()
+  // began; check_peers, except that a peer lost after every rank arrived does
+  // not fail the wait; a real loss is recorded for the peers.
+  void watch_peers(BarrierLines lines, uint64_t epoch);
   // Tells the peers (lost_rank in this rank's WakeLine) which rank was lost; first one wins.
   void record_lost_rank(int lost) noexcept;
-  // Runs `body` under the operation lock after check_usable; a failure inside
-  // leaves the ranks out of step, so it marks the communicator unusable.
-  template <typename Body>
-  void run_operation(const char* operation, Body&& body);
+  // Runs `check` then `body` under the operation lock after check_usable; a
+  // failure in `body` leaves the ranks out of step, so it marks the
+  // communicator unusable (one in `check` does not: nothing moved).
+  template <typename Check, typename Body>
+  void run_operation(const char* operation, Check&& check, Body&& body);
 
   void all_reduce_staged(Call& call, std::byte* data, std::size_t count, ElementType type, ReduceOp op,
                          Algorithm algorithm, const OpDescriptor& descriptor);
@@ -135,6 +157,7 @@ class Communicator {
 
   IpcMemory memory_;
   std::size_t stage_nbytes_;
+  pid_t owner_pid_;  // the process that made it (close() in a fork()ed child)
   std::size_t buffer_nbytes_;
   std::function<void()> peer_check_;
   SignalBarrier barrier_;
@@ -142,6 +165,8 @@ class Communicator {
   std::string broken_reason_;
   std::vector<const void*> sources_;     // per-rank pointers, reused
   std::mutex mutex_;                     // one operation in flight
+  std::mutex close_mutex_;               // one close() at a time
+  std::atomic<bool> closing_{false};     // close() has begun: running waits end
 };
 
 }  // namespace tensorxfer::collectives

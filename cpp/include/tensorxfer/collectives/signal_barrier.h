@@ -39,6 +39,10 @@ class SignalBarrier {
   sync::WaitStatus wait(BarrierLines lines, uint64_t epoch, sync::WaitTime deadline,
                         const std::function<void()>& watch);
 
+  // True once every rank arrived at `epoch` in `lines` (acquire: their writes
+  // before arriving are visible).
+  bool arrived(BarrierLines lines, uint64_t epoch) const noexcept;
+
   // The ranks whose flag in this rank's `lines` is still below `epoch` (for messages).
   std::vector<int> missing(BarrierLines lines, uint64_t epoch) const noexcept;
 

@@ -2,6 +2,7 @@
 // tensorxfer::Error; the bindings map each subclass onto one Python exception:
 //
 //   InvalidArgument -> ValueError        (bad value, shape, size, index, state)
+//   Closed          -> tensorxfer.ClosedError (a ValueError: used after close())
 //   TypeMismatch    -> TypeError         (wrong dtype, wrong kind of object)
 //   CorruptSegment  -> tensorxfer.CorruptSegmentError (a ValueError)
 //   Timeout         -> TimeoutError
@@ -26,6 +27,13 @@ class Error : public std::runtime_error {
 class InvalidArgument : public Error {
  public:
   using Error::Error;
+};
+
+// An object was used after its close(). Messages read "<kind> is closed".
+// An InvalidArgument, so handlers of bad state keep catching it.
+class Closed : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
 };
 
 class TypeMismatch : public Error {

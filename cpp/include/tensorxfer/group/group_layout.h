@@ -78,7 +78,12 @@ struct alignas(64) RankSlot {
   // Written: the rank (release, after its mailbox writes). Read: every
   // waiter (acquire, before reading that rank's mailbox).
   sync::SharedWord64 barrier_epoch;
-  uint8_t pad_epoch[56];
+  // 1 once the rank gave up a collective (its wait failed or was
+  // interrupted): peers waiting on it stop with PeerLost instead of waiting
+  // for a rank that will not come. Written: the rank (release). Read: every
+  // waiter's liveness check (acquire). Zero in a fresh segment.
+  sync::SharedWord32 gave_up;
+  uint8_t pad_epoch[52];
 };
 static_assert(std::is_trivially_copyable_v<RankSlot> && sizeof(RankSlot) == 128);
 

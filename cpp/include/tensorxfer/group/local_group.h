@@ -18,11 +18,18 @@
 // Liveness: a wait on a rank that died (or closed the group) throws PeerLost
 // naming the rank and its pid within one watch slice (20 ms) of noticing.
 //
+// A rank whose collective fails (Timeout, PeerLost, or the hook's exception,
+// e.g. Ctrl-C) marks itself as having given up: peers' waits end with
+// PeerLost naming it instead of waiting for it (also with no deadline).
+//
 // Thread-safety: one collective at a time per LocalGroup (the calls of a rank
-// are made in the same order on every rank); rank(), world_size(), name(),
-// rank_alive() and check_peers() may be called from any thread.
+// are made in the same order on every rank): a second one while another
+// thread runs one raises InvalidArgument at once. rank(), world_size(),
+// name(), rank_alive() and check_peers() may be called from any thread;
+// close() from another thread ends a running wait with Closed.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -76,8 +83,18 @@ class LocalGroup {
   // size per rank, sizes may differ between ranks (chunked through the bounded
   // mailboxes). Throws like barrier(). After a throw the group is unusable for
   // further collectives (other ranks may be mid-operation): close it.
+  // `max_nbytes` bounds every rank's contribution (own and announced by a
+  // peer): a larger one is an InvalidArgument on every rank, naming the rank
+  // and both sizes, before anything is allocated for it.
+  static constexpr uint64_t kDefaultMaxGatherBytes = uint64_t{256} << 20;
   std::vector<std::string> all_gather_bytes(std::string_view mine, std::chrono::nanoseconds timeout,
-                                            const sync::WaitHook& hook = {});
+                                            const sync::WaitHook& hook = {},
+                                            uint64_t max_nbytes = kDefaultMaxGatherBytes);
+
+  // Marks this rank as having given up its collectives (peers' waits end
+  // with PeerLost). For a rank that fails outside a group wait (e.g. while
+  // allocating) in the middle of a collective construction. Never throws.
+  void abandon() noexcept;
 
   // True while `rank` holds its place in the group (joined, not closed, its
   // process alive). Own rank: true until close(). Out-of-range rank: false.
@@ -90,14 +107,17 @@ class LocalGroup {
 
   // Leaves the group: marks this rank gone (peers waiting on it get PeerLost),
   // unlinks the segment if no other member is live, unmaps. Idempotent; in a
-  // fork()ed child it only unmaps (the parent still owns the membership).
-  // Never throws.
+  // fork()ed child it only unmaps (the parent still owns the membership; the
+  // pid is checked before anything else). A wait running on another thread
+  // ends with Closed first (within one watch slice). Never throws.
   void close() noexcept;
   bool closed() const noexcept;
 
  private:
   LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size);
   void require_open(const char* operation) const;
+  class Use;        // RAII: a call that touches the segment (close() waits for it)
+  class Operation;  // RAII: the one collective in flight
 
   // Waits until every rank's barrier epoch reaches `target`.
   void await_epoch(uint64_t target, const char* operation, std::chrono::nanoseconds timeout,
@@ -117,6 +137,11 @@ class LocalGroup {
   int world_size_ = 0;
   uint64_t barrier_epoch_ = 0;   // this rank's barrier count (mirrors its shared epoch)
   uint64_t gather_rounds_ = 0;   // mailbox rounds so far; selects the buffer (double buffering)
+  // close() sets closing_, then waits for users_ to drop to 0 (seq_cst both:
+  // a user increments users_ before it reads closing_).
+  std::unique_ptr<std::atomic<int>> users_ = std::make_unique<std::atomic<int>>(0);
+  std::unique_ptr<std::atomic<bool>> closing_ = std::make_unique<std::atomic<bool>>(false);
+  std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
 };
 
 }  // namespace tensorxfer::group

@@ -17,6 +17,10 @@ class DoubleBuffers {
 
   // Bytes in each slot; equal on every rank.
   virtual std::size_t slot_nbytes() const noexcept = 0;
+  // How many ranks share the slots (peer_receive_slot takes 0..world_size()-1).
+  virtual int world_size() const noexcept = 0;
+  // False once the memory behind the slots is released: no pointer may be used then.
+  virtual bool is_open() const noexcept = 0;
   // This rank's own slots, index 0 or 1.
   virtual std::byte* send_slot(int index) noexcept = 0;
   virtual std::byte* receive_slot(int index) noexcept = 0;

@@ -27,6 +27,8 @@ class IpcDoubleBuffers final : public DoubleBuffers {
   void set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook);
 
   std::size_t slot_nbytes() const noexcept override { return slot_nbytes_; }
+  int world_size() const noexcept override { return memory_.num_workers; }
+  bool is_open() const noexcept override { return memory_.is_mapped() && !group_.closed(); }
   std::byte* send_slot(int index) noexcept override { return region(memory_.worker_id) + index * slot_nbytes_; }
   std::byte* receive_slot(int index) noexcept override { return peer_receive_slot(memory_.worker_id, index); }
   std::byte* peer_receive_slot(int pe, int index) noexcept override {

@@ -60,13 +60,23 @@ class PipelineExecutor {
   int my_pe() const noexcept { return my_pe_; }
 
   // Runs the pipeline over `schedules` (one entry per iteration, the same
-  // number on every rank). Every segment must lie inside its task's memory
-  // and its slot (checked before anything moves: InvalidArgument). The memory
+  // number on every rank). Checked before anything moves (InvalidArgument
+  // naming the field): a send starts at this rank and a receive ends here,
+  // the peer is another rank of the group, `iteration` is the entry's index,
+  // no two batches of one peer share a `batch_index`, the batch fits the
+  // slot, and every segment lies inside its task's memory and the batch,
+  // without overlapping another segment in the slot. Closed once the buffers
+  // are released. The memory
   // in `sends` and `receives` must stay valid until the call returns. Throws
   // what DoubleBuffers::barrier throws (Timeout, PeerLost) after draining the
   // streams, so nothing touches task memory once it returns or throws.
   void execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                         const TaskMemoryMap& receives);
+
+  // The checks execute_pipeline makes before anything moves, alone (throws
+  // what it would throw; moves nothing).
+  void check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
+                  const TaskMemoryMap& receives) const;
 
   // The stage steps, exposed for the Python executor's _launch_pack /
   // _launch_unpack: enqueue packing (unpacking) of `batch` into (from) the
@@ -78,6 +88,7 @@ class PipelineExecutor {
   void synchronize_streams();
 
  private:
+  void check_open(const char* operation) const;
   void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
 

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorxfer import _core
+from tensorxfer.errors import ClosedError, check_timeout
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
 TRACE_CATEGORY = "replay_transfer"
@@ -35,12 +36,6 @@ def require_int(value: Any, name: str, *, minimum: int) -> int:
 def require_ring_depth(ring_depth: Any) -> int:
     """Validates the number of ring slots a backend tracks."""
     return require_int(ring_depth, "ring_depth", minimum=1)
-
-
-def resolve_timeout(timeout: Any, operation: str) -> Optional[float]:
-    """A wait's ``timeout`` by the package rules (see :mod:`tensorxfer.errors`):
-    ``None`` (no deadline) or seconds >= 0 (0: check once)."""
-    return _core.check_timeout(timeout, operation)
 
 
 def wait_blocking(
@@ -220,7 +215,7 @@ class TransferBackendBase(abc.ABC):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError(f"{type(self).__name__} is closed")
+            raise ClosedError(f"{type(self).__name__} is closed")
 
     def _check_slot(self, slot: Any) -> int:
         self._check_open()
@@ -362,7 +357,7 @@ class TransferBackendBase(abc.ABC):
         default): no deadline, Ctrl-C still interrupts (``KeyboardInterrupt``).
         ``TimeoutError`` when it passes."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout, f"{type(self).__name__}.synchronize_ready")
+        timeout = check_timeout(timeout, f"{type(self).__name__}.synchronize_ready")
         if self._submitted[slot]:
             self._wait_ready(slot, timeout)
 
@@ -371,7 +366,7 @@ class TransferBackendBase(abc.ABC):
         with streams: returns at once; host: the calling thread waits, bounded by
         ``timeout`` as in ``synchronize_ready``)."""
         slot = self._check_slot(slot)
-        timeout = resolve_timeout(timeout, f"{type(self).__name__}.wait_current_stream_for_ready")
+        timeout = check_timeout(timeout, f"{type(self).__name__}.wait_current_stream_for_ready")
         if self._submitted[slot]:
             self._stream_wait_ready(slot, timeout)
 
@@ -419,6 +414,5 @@ __all__ = [
     "require_int",
     "require_ring_depth",
     "resolve_h2d_nbytes",
-    "resolve_timeout",
     "torch_dtype_if_torch",
 ]

@@ -52,7 +52,7 @@ class ReplayTransferBackend(Protocol):
     timing events can be handed to a trace recorder).
 
     Slots are ring indices ``0 <= slot < ring_depth``.  Every method raises
-    ``ValueError("... is closed")`` after ``close``.  Backends are meant to be
+    ``ClosedError("... is closed")`` (a ``ValueError``) after ``close``.  Backends are meant to be
     driven from one thread.
     """
 
