@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tensorxfer import _core
+from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import (
     CopyService,
     LocalCopyService,
@@ -233,7 +234,7 @@ def test_local_service_life_cycle():
         assert service.send_ops == []
     assert service.closed
     for call in (lambda: service.submit_send(a, 0, 1), lambda: service.submit_recv(b, 0, 1), service.run):
-        with pytest.raises(RuntimeError, match="the copy service is closed"):
+        with pytest.raises(ClosedError, match="^LocalCopyService is closed$"):
             call()
 
 
@@ -248,3 +249,70 @@ def test_local_service_clears_the_queue_when_run_raises():
     service.submit_recv(out, 0, 2)
     service.run()
     assert out.tolist() == [1, 1, 1]
+
+
+# ---- the reference's CopyService: three abstract methods, attributes set by the base --------
+
+
+class ReferenceStyle(CopyService):
+    """Written as the reference's own tests write one: the three methods, and an
+    __init__ that never calls the base's."""
+
+    def __init__(self):
+        self.sent = []
+
+    def submit_send(self, src_tensor, dest_rank, task_id=None):
+        self.sent.append((task_id, dest_rank))
+
+    def submit_recv(self, dest_tensor, src_rank, task_id=None):
+        pass
+
+    def run(self):
+        self.sent.clear()
+
+
+def test_a_subclass_written_against_the_reference_instantiates():
+    assert CopyService.__abstractmethods__ == frozenset({"submit_send", "submit_recv", "run"})
+    service = ReferenceStyle()
+    service.submit_send(np.zeros(1), 0, 7)
+    service.run()
+    assert service.close() is None and service.close() is None  # the base close is a no-op
+    assert (service.group, service.rank, service.world_size) == (None, 0, 1)
+    assert service.requires_process_group_barrier is True  # upstream's default
+    assert repr(service) == "ReferenceStyle(rank=0, world_size=1, 0 sends, 0 recvs queued)"
+
+
+def test_the_base_init_sets_group_rank_and_world_size_from_the_group():
+    class CallsBase(ReferenceStyle):
+        def __init__(self, group=None):
+            CopyService.__init__(self, group)
+
+    class GroupLike:
+        rank, world_size = 3, 5
+
+    class CommLike:
+        def Get_rank(self):
+            return 2
+
+        def Get_size(self):
+            return 4
+
+    group = GroupLike()
+    service = CallsBase(group)
+    assert (service.group, service.rank, service.world_size) == (group, 3, 5)
+    assert (CallsBase(CommLike()).rank, CallsBase(CommLike()).world_size) == (2, 4)
+    single = CallsBase()
+    assert (single.group, single.rank, single.world_size, single.send_ops, single.recv_ops) == (None, 0, 1, [], [])
+
+
+def test_each_backend_says_whether_run_needs_a_process_group_barrier():
+    from tensorxfer.resharding.copy_services.mpi import MpiCopyService
+    from tensorxfer.resharding.copy_services.shm import ShmCopyService
+    from tensorxfer.resharding.copy_services.torch_distributed import TorchDistributedCopyService
+
+    assert LocalCopyService.requires_process_group_barrier is False
+    assert MpiCopyService.requires_process_group_barrier is False  # Testall: own sends and receives done
+    assert ShmCopyService.requires_process_group_barrier is False  # ends with the executor's barrier
+    assert TorchDistributedCopyService.requires_process_group_barrier is True  # nccl (gloo instances: False)
+    local = LocalCopyService()
+    assert (local.rank, local.world_size, local.group) == (0, 1, None)

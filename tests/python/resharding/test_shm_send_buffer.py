@@ -13,6 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
+from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import ShmCopyService
 from tensorxfer.runtime import LocalGroup
 
@@ -109,6 +110,6 @@ def test_buffer_views_and_argument_errors():
             empty.buffer(np.float32, (1,))
         empty.close()
         service.close()
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(ClosedError, match="^ShmCopyService is closed$"):
             service.buffer(np.uint8, (1,))
     assert view.sum() == 2.0 * (MIB // 4)  # the view kept its mapping

@@ -70,7 +70,6 @@ class BatchedCopyService(QueuedCopyService):
         self.max_window_tasks = _positive(max_window_tasks, "max_window_tasks")
         self.max_window_bytes = _positive(max_window_bytes, "max_window_bytes")
         self.coalesce_bytes = _positive(coalesce_bytes, "coalesce_bytes")
-        self._world = self.world_size
         self._plan: Optional[_planning.Plan] = None
         self._broken: Optional[str] = None
         self._watch: Optional[PeerWatch] = None
@@ -105,7 +104,7 @@ class BatchedCopyService(QueuedCopyService):
         """Best-effort cancellation of requests left pending by a failed run."""
 
     def close(self) -> None:
-        """Release staging buffers and plans; later calls raise RuntimeError."""
+        """Release staging buffers and plans; later calls raise tensorxfer.ClosedError."""
         self._plan = None
         self._pattern = None
         super().close()

@@ -23,35 +23,16 @@ class LocalCopyService(CopyService):
     """
 
     backend_name = "LocalCopyService"
+    requires_process_group_barrier = False  # nothing crosses processes
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)
-        self._rank, self._size = 0, 1
-        try:
-            import sys
-
-            dist = sys.modules.get("torch.distributed")
-            if dist is not None and dist.is_available() and dist.is_initialized():
-                self._rank = dist.get_rank(group)
-                self._size = dist.get_world_size(group)
-        except (ImportError, RuntimeError, ValueError):
-            pass
         self._send_info: List[_tensors.TensorInfo] = []
         self._recv_info: List[_tensors.TensorInfo] = []
 
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 without a process group)."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """1 without a process group, else the group's size."""
-        return self._size
-
     def _check_same_rank(self, rank: Any, argument: str) -> None:
-        if rank != self._rank:
-            raise ValueError(f"{argument}: LocalCopyService copies within rank {self._rank} only, got rank {rank}")
+        if rank != self.rank:
+            raise ValueError(f"{argument}: LocalCopyService copies within rank {self.rank} only, got rank {rank}")
 
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``src_tensor`` for the receive of the same task id on this rank."""
@@ -91,12 +72,12 @@ class LocalCopyService(CopyService):
             send.index = index  # type: ignore[attr-defined]
         for index, recv in enumerate(recvs):
             recv.index = index  # type: ignore[attr-defined]
-        pairs = match_local_ops_by_task_id(sends, recvs, self.backend_name, self._rank)
+        pairs = match_local_ops_by_task_id(sends, recvs, self.backend_name, self.rank)
         for send, recv in pairs:
             sent, received = send_info[send.index].nbytes, recv_info[recv.index].nbytes
             if sent != received:
                 raise TaskMismatchError(
-                    f"{self.backend_name}: size mismatch for task_id={send.task_id} on rank {self._rank}: "
+                    f"{self.backend_name}: size mismatch for task_id={send.task_id} on rank {self.rank}: "
                     f"the local send has {sent} bytes, the local recv {received} bytes"
                 )
         dst_addresses, src_addresses, sizes = [], [], []
@@ -114,9 +95,10 @@ class LocalCopyService(CopyService):
             _tensors.copy_host_spans(src_addresses, dst_addresses, sizes)
 
     def close(self) -> None:
-        """Drop queued ops; later calls raise RuntimeError."""
+        """Drop queued ops; later calls raise tensorxfer.ClosedError."""
         self._send_info, self._recv_info = [], []
-        super().close()
+        self.send_ops, self.recv_ops = [], []
+        self._closed = True
 
 
 __all__ = ["LocalCopyService"]

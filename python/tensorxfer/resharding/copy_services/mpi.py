@@ -37,6 +37,7 @@ class MpiCopyService(BatchedCopyService):
     """
 
     backend_name = "MpiCopyService"
+    requires_process_group_barrier = False  # run() returns once every send and receive of this rank completed
 
     def __init__(self, comm: Any = None, *, group: Any = None, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  **options: Any) -> None:
@@ -52,23 +53,11 @@ class MpiCopyService(BatchedCopyService):
         self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
         self._user_comm = comm
         self._comm: Any = None  # private duplicate, made by the first run
-        self._rank = comm.Get_rank()
-        self._size = comm.Get_size()
         self._tag_bound = int(comm.Get_attr(MPI.TAG_UB) or 32767) + 1
         super().__init__(comm, timeout=timeout, **options)
 
-    @property
-    def rank(self) -> int:
-        """This process's rank in the communicator."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the communicator."""
-        return self._size
-
     def close(self) -> None:
-        """Free the private communicator; later calls raise RuntimeError."""
+        """Free the private communicator; later calls raise tensorxfer.ClosedError."""
         comm, self._comm = self._comm, None
         if comm is not None and not self._MPI.Is_finalized() and self._broken is None:
             comm.Free()
@@ -90,11 +79,11 @@ class MpiCopyService(BatchedCopyService):
         payload = np.frombuffer(data, np.uint8).copy()
         if fixed:  # one step: every rank sends as many bytes
             count = payload.size
-            everything = np.empty(count * self._size, np.uint8)
+            everything = np.empty(count * self.world_size, np.uint8)
             request = comm.Iallgather([payload, MPI.BYTE], [everything, MPI.BYTE])
-            return [request], lambda: [everything[r * count:(r + 1) * count].tobytes() for r in range(self._size)]
+            return [request], lambda: [everything[r * count:(r + 1) * count].tobytes() for r in range(self.world_size)]
         own_size = np.array([payload.size], np.int64)
-        sizes = np.zeros(self._size, np.int64)
+        sizes = np.zeros(self.world_size, np.int64)
         request = comm.Iallgather([own_size, MPI.INT64_T], [sizes, MPI.INT64_T])
 
         def gather_data() -> Any:

@@ -102,6 +102,8 @@ class ShmCopyService(BatchedCopyService):
     """
 
     backend_name = "ShmCopyService"
+    # run() ends with the executor's group barrier whenever any rank moved bytes.
+    requires_process_group_barrier = False
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
@@ -109,6 +111,7 @@ class ShmCopyService(BatchedCopyService):
         local, self._owns_group = as_local_group(group, timeout)
         self._local = local
         super().__init__(group, timeout=timeout)
+        self.rank, self.world_size = local.rank, local.world_size
         if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
             raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
         if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
@@ -127,18 +130,6 @@ class ShmCopyService(BatchedCopyService):
         self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
         self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
         self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
-
-    # ---- group ---------------------------------------------------------------------
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in the group."""
-        return self._local.rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the group."""
-        return self._local.world_size
 
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
