@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import struct
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from tensorxfer.resharding.copy_services.base import (
 )
 
 _UNSET: Any = object()
+# Which collective step a metadata all-gather belongs to (with the run index, its identity).
+_STEP_CONSTRUCTION, _STEP_AGREEMENT, _STEP_TABLES, _STEP_STATUS, _STEP_DIRECT_ADDRESSES = 1, 2, 3, 4, 5
 
 
 def _positive(value: Any, argument: str) -> int:
@@ -72,10 +74,36 @@ class BatchedCopyService(QueuedCopyService):
         self.coalesce_bytes = _positive(coalesce_bytes, "coalesce_bytes")
         self._plan: Optional[_planning.Plan] = None
         self._broken: Optional[str] = None
-        self._watch: Optional[PeerWatch] = None
-        self._identities: Optional[List[bytes]] = None  # the ranks' identities self._watch was built from
+        self._agreed_error: Optional[BaseException] = None  # the last error every rank raised alike
+        self._run_index = 0  # run() calls that reached the agreement, the same on every rank
         self._pattern: Optional[OpPattern] = None  # the last run's (see _pattern)
         self.plans_built = 0  # how many runs had to build their plan (the rest reused one)
+        self._watch: Optional[PeerWatch] = None
+        self._watch = self._agree_at_construction()
+
+    def _plan_options(self) -> Dict[str, Optional[int]]:
+        """The options that shape the plan: every rank must pass the same values."""
+        return {"max_window_tasks": self.max_window_tasks, "max_window_bytes": self.max_window_bytes,
+                "coalesce_bytes": self.coalesce_bytes}
+
+    def _agree_at_construction(self) -> PeerWatch:
+        """All-gathers the plan options and the ranks' identities: ValueError on every
+        rank naming both values when an option differs; the PeerWatch otherwise."""
+        options = self._plan_options()
+        encoded = struct.pack(f"<{len(options)}q", *(-1 if value is None else value for value in options.values()))
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        gathered = self._all_gather(_STEP_CONSTRUCTION, encoded + own_identity(), deadline, self.timeout)
+        mine = struct.unpack_from(f"<{len(options)}q", encoded)
+        for rank, data in enumerate(gathered):
+            theirs = struct.unpack_from(f"<{len(options)}q", data)
+            for name, own_value, other_value in zip(options, mine, theirs):
+                if own_value != other_value:
+                    low, high = sorted((self.rank, rank))
+                    values = {self.rank: own_value, rank: other_value}
+                    shown = ["None" if values[r] == -1 else str(values[r]) for r in (low, high)]
+                    raise ValueError(f"{self.backend_name}: {name} must be the same on every rank: rank {low} "
+                                     f"passed {shown[0]}, rank {high} passed {shown[1]}")
+        return PeerWatch([bytes(data[len(encoded):]) for data in gathered])
 
     # ---- transport (subclasses) -------------------------------------------------
 
@@ -114,10 +142,12 @@ class BatchedCopyService(QueuedCopyService):
     def run(self, timeout: Optional[float] = _UNSET) -> None:
         """Execute every submitted op as one batch (collective: every rank calls it), then clear the queue.
 
-        Raises TaskMismatchError (ops that do not pair up, on every rank),
-        TimeoutError (a peer did not take part within the timeout) or
-        tensorxfer.PeerLostError (a peer died). After a TimeoutError,
-        PeerLostError or KeyboardInterrupt the service cannot run again.
+        Raises TaskMismatchError (ops that do not pair up) or the error of a rank
+        that could not take part (a bad tensor) on every rank, before any byte
+        moves: the service stays usable. Any other failure (TimeoutError: a peer
+        did not take part within the timeout; tensorxfer.PeerLostError: a peer
+        died; a failed transfer or copy; KeyboardInterrupt) leaves this rank's
+        peers unable to finish the batch, so the service cannot run again.
         """
         self._check_open("run")
         if self._broken is not None:
@@ -127,29 +157,46 @@ class BatchedCopyService(QueuedCopyService):
         sends, recvs = self._take_columns()
         try:
             self._run(sends, recvs, deadline, timeout)
-        except (TimeoutError, PeerLostError, KeyboardInterrupt) as error:
-            # Requests may still be posted into user memory: this service cannot run again.
-            self._broken = f"{type(error).__name__}: {error}"
+        except BaseException as error:
+            if error is not self._agreed_error:
+                # Peers may be waiting on this rank, requests may still be posted into
+                # user memory: this service cannot run again.
+                self._broken = f"{type(error).__name__}: {error}"
+                self._on_broken()
             raise
+        finally:
+            self._agreed_error = None
+
+    def _on_broken(self) -> None:
+        """Called once a run failed in a way the ranks did not agree on."""
 
     def _run(self, sends: Columns, recvs: Columns, deadline: Optional[float], timeout: Optional[float]) -> None:
-        send_spans = _tensors.describe_many(sends[1])
-        recv_spans = _tensors.describe_many(recvs[1])
-        pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
-        # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
-        self._pattern = pattern if pattern.match_error is None else None
-        local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
-        send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes,
-                                                        self._send_flags(send_spans, pattern.sends.remote))
-
+        local_error: Optional[BaseException] = None
+        digest = bytes(16)
+        try:
+            send_spans = _tensors.describe_many(sends[1])
+            recv_spans = _tensors.describe_many(recvs[1])
+            pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
+            # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
+            self._pattern = pattern if pattern.match_error is None else None
+            local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
+            send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes,
+                                                            self._send_flags(send_spans, pattern.sends.remote))
+        except Exception as error:  # a tensor this rank cannot describe: agreed like a mismatch
+            local_error = error
         digests = self._agree(digest, local_error, deadline, timeout)
 
         plan = self._plan
         if plan is None or plan.digests != digests:
             self._plan = None
-            tables_data = self._all_gather(_planning.encode_tables(send_table, recv_table), deadline, timeout)
+            tables_data = self._all_gather(_STEP_TABLES, _planning.encode_tables(send_table, recv_table),
+                                           deadline, timeout)
             tables = [_planning.decode_tables(data) for data in tables_data]
-            plan = self._build_plan(tables, digests)
+            try:
+                plan = self._build_plan(tables, digests)
+            except TaskMismatchError as error:  # every rank plans from the same tables: agreed
+                self._agreed_error = error
+                raise
             self._plan = plan
             self.plans_built += 1
 
@@ -171,46 +218,65 @@ class BatchedCopyService(QueuedCopyService):
         return _planning.build_plan(self.backend_name, self.rank, tables, digests, self.max_window_tasks,
                                     self.max_window_bytes, self.coalesce_bytes)
 
-    def _agree(self, digest: bytes, local_error: Optional[Exception], deadline: Optional[float],
+    def _agree(self, digest: bytes, local_error: Optional[BaseException], deadline: Optional[float],
                timeout: Optional[float]) -> List[bytes]:
         """Every rank's digest; raises this rank's local error, or TaskMismatchError naming
-        the first rank that rejected the batch, on every rank alike."""
-        message = b"" if local_error is None else str(local_error).encode()
-        if self._identities is None:  # the first run: identities too, for the PeerWatch
-            identity = own_identity()
-            payload = digest + struct.pack("<I", len(identity)) + identity + message
-            digests, identities, errors = [], [], []
-            for data in self._all_gather(payload, deadline, timeout):
-                (length,) = struct.unpack_from("<I", data, 16)
-                digests.append(bytes(data[:16]))
-                identities.append(bytes(data[20:20 + length]))
-                errors.append(bytes(data[20 + length:]).decode(errors="replace"))
-            self._watch = PeerWatch(identities)
-            self._identities = identities
-        else:
-            records = self._all_gather(digest + struct.pack("<Q", len(message)), deadline, timeout, fixed=True)
-            digests = [bytes(record[:16]) for record in records]
-            errors = [""] * len(records)
-            if any(struct.unpack_from("<Q", record, 16)[0] for record in records):
-                errors = [bytes(data).decode(errors="replace") for data in self._all_gather(message, deadline, timeout)]
+        the first rank that rejected the batch, on every rank alike (before any byte moves)."""
+        self._run_index += 1
+        errors = self._gather_errors(_STEP_AGREEMENT, local_error, digest, deadline, timeout)
+        digests = [bytes(record[:16]) for record, _ in errors]
+        failed = [(rank, text) for rank, (_, text) in enumerate(errors) if text]
         if local_error is not None:
+            self._agreed_error = local_error
             raise local_error
-        failed = [(rank, text) for rank, text in enumerate(errors) if text]
         if failed:
             rank, text = failed[0]
-            raise TaskMismatchError(f"{self.backend_name}: rank {rank} rejected the batch: {text}")
+            self._agreed_error = TaskMismatchError(f"{self.backend_name}: rank {rank} rejected the batch: {text}")
+            raise self._agreed_error
         return digests
 
-    def _all_gather(self, data: bytes, deadline: Optional[float], timeout: Optional[float],
+    def _agree_on_step(self, what: str, local_error: Optional[BaseException], deadline: Optional[float],
+                       timeout: Optional[float]) -> None:
+        """Tells every rank whether ``what`` failed on any rank: raises this rank's error,
+        or RuntimeError naming the first rank that failed, on every rank alike."""
+        errors = self._gather_errors(_STEP_STATUS, local_error, b"", deadline, timeout)
+        if local_error is not None:
+            raise local_error
+        failed = [(rank, text) for rank, (_, text) in enumerate(errors) if text]
+        if failed:
+            rank, text = failed[0]
+            raise RuntimeError(f"{self.backend_name}: rank {rank} failed {what}: {text}")
+
+    def _gather_errors(self, step: int, local_error: Optional[BaseException], record: bytes,
+                       deadline: Optional[float], timeout: Optional[float]) -> List[Tuple[bytes, str]]:
+        """Every rank's fixed-size ``record`` and error text ("" for none): one fixed-size
+        step, and the texts in a second one only when some rank has one."""
+        message = b"" if local_error is None else (str(local_error) or type(local_error).__name__).encode()
+        records = self._all_gather(step, record + struct.pack("<Q", len(message)), deadline, timeout, fixed=True)
+        texts = [""] * len(records)
+        if any(struct.unpack_from("<Q", data, len(record))[0] for data in records):
+            texts = [bytes(data).decode(errors="replace")
+                     for data in self._all_gather(step, message, deadline, timeout)]
+        return [(bytes(data[:len(record)]), text) for data, text in zip(records, texts)]
+
+    def _all_gather(self, step: int, data: bytes, deadline: Optional[float], timeout: Optional[float],
                     fixed: bool = False) -> List[bytes]:
-        requests, finish = self._start_all_gather(data, fixed)
+        """Every rank's ``data``, each gathered with the identity of the operation it
+        belongs to (the run and its step): a rank out of step raises RuntimeError."""
+        header = struct.pack("<QQ", self._run_index, step)
+        requests, finish = self._start_all_gather(header + data, fixed)
         while True:
             self._wait(requests, deadline, timeout, "the all-gather of the batch's metadata", None)
             result = finish()
             if isinstance(result, tuple):  # a further step
                 requests, finish = result
                 continue
-            return result
+            for rank, item in enumerate(result):
+                if bytes(item[:16]) != header:
+                    theirs = struct.unpack_from("<QQ", item) if len(item) >= 16 else ("?", "?")
+                    raise RuntimeError(f"{self.backend_name}: ranks out of step: rank {self.rank} is at run "
+                                       f"{self._run_index} step {step}, rank {rank} at run {theirs[0]} step {theirs[1]}")
+            return [bytes(item[16:]) for item in result]
 
     # ---- local copies -----------------------------------------------------------------
 

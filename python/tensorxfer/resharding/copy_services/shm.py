@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -35,8 +36,8 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
-from tensorxfer.resharding.copy_services import _planning, _tensors
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services import _planning, _ptracer, _tensors
+from tensorxfer.resharding.copy_services._batched import _STEP_DIRECT_ADDRESSES, BatchedCopyService
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
@@ -108,28 +109,49 @@ class ShmCopyService(BatchedCopyService):
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
                  cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES, buffer_bytes: int = 0) -> None:
-        local, self._owns_group = as_local_group(group, timeout)
-        self._local = local
-        super().__init__(group, timeout=timeout)
-        self.rank, self.world_size = local.rank, local.world_size
         if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
             raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
         if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
             raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
         if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
             raise ValueError(f"buffer_bytes: expected an integer >= 0, got {buffer_bytes!r}")
+        if cma_min_bytes is not None and (isinstance(cma_min_bytes, bool) or not isinstance(cma_min_bytes, int)
+                                          or cma_min_bytes < 0):
+            raise ValueError(f"cma_min_bytes: expected an integer >= 0 or None, got {cma_min_bytes!r}")
         self.slot_nbytes = slot_nbytes
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
-        self._engine = default_copy_engine()
-        pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
-        # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
-        self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
         self.buffer_bytes = buffer_bytes
         self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
-        self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
-        self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
-        self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
+        self._memory: Optional[IpcMemory] = None
+        self._ptracer_grant: Optional[int] = None
+        self._pids: List[int] = []
+        local, self._owns_group = as_local_group(group, timeout)
+        self._local = local
+        try:
+            # Compares the plan-shaping options on every rank before anything is mapped.
+            super().__init__(group, timeout=timeout)
+            self.rank, self.world_size = local.rank, local.world_size
+            self._engine = default_copy_engine()
+            pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
+            # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
+            self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
+            self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
+            self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
+            self.cma_pairs = self._probe_cross_memory_attach(timeout)
+        except BaseException:
+            # Released now, not by the collector: peers waiting on this rank see it leave.
+            self._release()
+            raise
+
+    def _native_memory(self) -> IpcMemory:
+        assert self._memory is not None  # set by a constructor that returned
+        return self._memory
+
+    def _plan_options(self) -> Dict[str, Optional[int]]:
+        return {**super()._plan_options(), "slot_nbytes": self.slot_nbytes,
+                "max_tasks_per_batch": self.max_tasks_per_batch, "cma_min_bytes": self.cma_min_bytes,
+                "buffer_bytes": self.buffer_bytes}
 
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
@@ -143,39 +165,60 @@ class ShmCopyService(BatchedCopyService):
         Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
-        region = self._memory._native.region(self.rank)
+        region = self._native_memory()._native.region(self.rank)
         start = self._buffer_offset
         return typed_view(region[start:start + self.buffer_bytes], dtype, shape, "ShmCopyService.buffer")
 
     def close(self) -> None:
-        """Unmaps the slots and (if this service made it) leaves the group."""
+        """Unmaps the slots, takes back the ptrace permission and (if this service made
+        it) leaves the group."""
         if not self._closed:
-            del self._executor  # the native executor before the memory it points into
-            self._memory.close()
-            if self._owns_group:
-                self._local.close()
+            self._release()
         super().close()
 
-    def _probe_cross_memory_attach(self, timeout: Optional[float]) -> Tuple[List[int], np.ndarray]:
-        """Every rank's pid as seen by its peers, and cma_pairs[src, dst]: whether
-        dst may read src's memory (the kernel permits it and dst can name src)."""
-        _core.allow_memory_readers()
+    def _release(self) -> None:
+        self.__dict__.pop("_executor", None)  # the native executor before the memory it points into
+        if self._memory is not None:
+            self._memory.close()
+        _ptracer.release(self._ptracer_grant)
+        self._ptracer_grant = None
+        if self._owns_group:
+            self._local.close()
+
+    def _on_broken(self) -> None:
+        # Peers may still wait in a barrier of this group: leaving it (when this service
+        # made it) makes them fail now rather than at their timeout. A group the caller
+        # passed must be closed by the caller (see LocalGroup.barrier).
+        if self._owns_group:
+            self._local.close()
+
+    def _probe_cross_memory_attach(self, timeout: Optional[float]) -> np.ndarray:
+        """cma_pairs[src, dst]: whether dst may read src's memory (the kernel permits it
+        and dst can name src). Probed only when cross-memory attach is enabled; the
+        ptrace permission it needs is granted to the peers alone, and kept only if
+        some peer may read this rank."""
+        world = self.world_size
+        pairs = np.zeros((world, world), bool)
+        if self.cma_min_bytes is None or world == 1:
+            return pairs
         token = np.frombuffer(os.urandom(16), np.uint8).copy()
-        self._probe_token = token  # stays alive (and where it is) while peers read it
         mine = struct.pack("<qQ", os.getpid(), token.ctypes.data) + token.tobytes()
         gathered = self._local.all_gather_bytes(mine, timeout)
-        pids = []
-        readable = np.zeros(self.world_size, np.uint8)
+        self._pids = [struct.unpack_from("<q", data)[0] for data in gathered]
+        self._ptracer_grant = _ptracer.grant([pid for rank, pid in enumerate(self._pids) if rank != self.rank])
+        self._local.barrier(timeout)  # every rank granted before any probes
+        readable = np.zeros(world, np.uint8)
         for peer, data in enumerate(gathered):
-            pid, address = struct.unpack_from("<qQ", data)
-            pids.append(pid)
             if peer != self.rank:
-                readable[peer] = _core.probe_process_memory(pid, address, bytes(data[16:32]))
-        answers = self._local.all_gather_bytes(readable.tobytes(), timeout)
-        pairs = np.zeros((self.world_size, self.world_size), bool)
+                (address,) = struct.unpack_from("<Q", data, 8)
+                readable[peer] = _core.probe_process_memory(self._pids[peer], address, bytes(data[16:32]))
+        answers = self._local.all_gather_bytes(readable.tobytes(), timeout)  # token read by every peer by now
         for dst, data in enumerate(answers):
             pairs[:, dst] = np.frombuffer(data, np.uint8).astype(bool)
-        return pids, pairs
+        if not pairs[self.rank].any():
+            _ptracer.release(self._ptracer_grant)  # nobody can read this rank anyway
+            self._ptracer_grant = None
+        return pairs
 
     # ---- transport of the shared run() ------------------------------------------------
 
@@ -209,7 +252,7 @@ class ShmCopyService(BatchedCopyService):
 
     def _send_buffer_start(self) -> np.uint64:
         """Where this rank's send buffer starts, in its own address space."""
-        return np.uint64(int(self._memory.remote_data[self.rank]) + self._buffer_offset)
+        return np.uint64(int(self._native_memory().remote_data[self.rank]) + self._buffer_offset)
 
     def _in_send_buffer(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Whether each [address, address + nbytes) lies wholly in this rank's send buffer."""
@@ -284,8 +327,14 @@ class ShmCopyService(BatchedCopyService):
 
         if plan.any_direct:
             with self._group_wait("the direct reads"):
-                self._read_directly(plan, send_addresses, send_spans.nbytes, recv_targets, recv_addresses,
-                                    recv_spans.nbytes, timeout)
+                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
+            failure: Optional[Exception] = None
+            try:
+                self._read_directly(plan, published, recv_targets, recv_addresses, recv_spans.nbytes)
+            except Exception as error:  # agreed below: no rank goes on to the executor's barriers
+                failure = error
+            with self._group_wait("the direct reads"):
+                self._agree_on_step("its direct reads", failure, deadline, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
         self._executor.set_task_memory(
             plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
@@ -300,14 +349,14 @@ class ShmCopyService(BatchedCopyService):
         for target, staged in copy_back:
             _tensors.copy_bytes_into(target, staged)
 
-    def _read_directly(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
-                       recv_targets: List[Any], recv_addresses: np.ndarray, recv_nbytes: np.ndarray,
-                       timeout: Optional[float]) -> None:
-        """Receivers read direct tasks straight from their senders' memory: from a
-        sender's shared send buffer with a plain copy, else by cross-memory attach."""
-        published = self._exchange_direct_addresses(plan, send_addresses, send_nbytes, timeout)
+    def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_targets: List[Any],
+                       recv_addresses: np.ndarray, recv_nbytes: np.ndarray) -> None:
+        """Receivers read direct tasks straight from their senders' memory (``published``:
+        see _exchange_direct_addresses): from a sender's shared send buffer with a
+        plain copy, else by cross-memory attach."""
         if plan.direct_recv_ids.size == 0:
             return
+        published = self._published_for_receives(plan, published)
         sources = plan.direct_recv_src
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
         from_buffer = published[:, 2] != _NOT_IN_BUFFER
@@ -319,7 +368,7 @@ class ShmCopyService(BatchedCopyService):
             if np.any(offsets > limit) or np.any(sizes > limit - offsets):
                 raise RuntimeError(f"{self.backend_name}: a peer published a task past its "
                                    f"{self.buffer_bytes}-byte send buffer")
-            regions = np.array(self._memory.remote_data, np.uint64) + np.uint64(self._buffer_offset)
+            regions = np.array(self._native_memory().remote_data, np.uint64) + np.uint64(self._buffer_offset)
             spans = np.stack([regions[sources[from_buffer]] + offsets,
                               recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
             _core.copy_spans(np.ascontiguousarray(spans), self._engine)
@@ -335,16 +384,19 @@ class ShmCopyService(BatchedCopyService):
     def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
                                    timeout: Optional[float]) -> np.ndarray:
         """Publishes where each of this rank's direct sends is -- (task, address, offset
-        in the send buffer or _NOT_IN_BUFFER) -- and returns the rows published for
-        this rank's direct receives, in plan.direct_recv_ids order."""
+        in the send buffer or _NOT_IN_BUFFER) -- and returns every rank's rows, by task."""
         addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
         inside = self._in_send_buffer(addresses, send_nbytes[plan.direct_send_local])
         offsets = np.where(inside, addresses - self._send_buffer_start(), _NOT_IN_BUFFER)
         table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
+        deadline = None if timeout is None else time.monotonic() + timeout
         gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
-                    for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
+                    for data in self._all_gather(_STEP_DIRECT_ADDRESSES, table.tobytes(), deadline, timeout)]
         rows = np.concatenate(gathered)
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        return rows[np.argsort(rows[:, 0], kind="stable")]
+
+    def _published_for_receives(self, plan: ShmPlan, rows: np.ndarray) -> np.ndarray:
+        """The published rows of this rank's direct receives, in plan.direct_recv_ids order."""
         wanted = plan.direct_recv_ids.astype(np.uint64)
         where = np.searchsorted(rows[:, 0], wanted)
         if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, max(rows.shape[0] - 1, 0)), 0] != wanted):
