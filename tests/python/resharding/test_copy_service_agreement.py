@@ -251,3 +251,39 @@ def test_the_ptrace_permission_names_the_peer_and_is_taken_back_by_close():
         assert got[rank]["native"] == [], got  # never PR_SET_PTRACER_ANY
         assert got[rank]["during"] == [peer_pid], got
         assert got[rank]["after"] == [0], got
+
+
+def _one_sided_bad_tensor(name, rank, world):
+    """Rank 1 cannot describe its tensors in the first run (before any byte moves)."""
+    from tensorxfer.resharding.copy_services import _tensors
+
+    with LocalGroup.join(name, rank=rank, world_size=world, timeout=60) as group, \
+            ShmCopyService(group, timeout=TIMEOUT, cma_min_bytes=None) as service:
+        if rank == 1:
+            original = _tensors.describe_many
+            calls = []
+
+            def failing_once(objects):
+                calls.append(1)
+                if len(calls) == 1:
+                    raise ValueError("a tensor this rank cannot read")
+                return original(objects)
+
+            _tensors.describe_many = failing_once  # type: ignore[assignment]
+        peer = 1 - rank
+        outcomes = []
+        for attempt in range(2):
+            target = np.zeros(64, np.uint8)
+            service.submit_send(np.full(64, 10 * attempt + rank + 1, np.uint8), peer, rank)
+            service.submit_recv(target, peer, peer)
+            outcomes.append((_outcome(service.run), int(target[0])))
+        return outcomes
+
+
+def test_a_bad_tensor_on_one_rank_is_agreed_before_any_byte_moves_and_the_service_stays_usable():
+    got = run_ranks(_one_sided_bad_tensor, 2)
+    for rank in range(2):
+        (first, moved), (again, value) = got[rank]
+        assert first.startswith("ValueError" if rank == 1 else "TaskMismatchError"), got
+        assert "cannot read" in first and moved == 0, got
+        assert again == "ok" and value == 10 + (1 - rank) + 1, got
