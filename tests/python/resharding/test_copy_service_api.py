@@ -17,7 +17,9 @@ from tensorxfer.resharding.copy_services import (
     build_copy_service,
     match_local_ops_by_task_id,
 )
-from tensorxfer.resharding.copy_services import _planning
+from tensorxfer.resharding.copy_services import planning
+from tensorxfer.resharding.copy_services.planning import matching, plan_cache
+from tensorxfer.resharding.copy_services.planning.windows import assign_windows
 
 # ---- match_local_ops_by_task_id: checks, order and exact messages (DESIGN.md) ----------
 
@@ -71,12 +73,12 @@ def test_match_empty_is_empty():
 
 
 def table(task_ids, src, dst, nbytes):
-    return _planning.op_table(task_ids, [src] * len(task_ids), [dst] * len(task_ids), nbytes)
+    return matching.op_table(task_ids, [src] * len(task_ids), [dst] * len(task_ids), nbytes)
 
 
 def test_windows_are_bounded_by_count_and_bytes():
     sizes = np.array([10] * 25 + [1000] * 5 + [10] * 3, np.int64)
-    windows = _planning.assign_windows(sizes, max_count=8, max_bytes=2000)
+    windows = assign_windows(sizes, max_count=8, max_bytes=2000)
     assert list(windows) == sorted(windows), "windows follow task order"
     for window in np.unique(windows):
         members = sizes[windows == window]
@@ -101,12 +103,12 @@ def test_plan_is_the_same_on_every_rank_and_pairs_messages():
                 send_ids.append(tid)
                 send_dst.append(peer)
                 send_n.append(ops[tid])
-        tables.append([_planning.op_table(send_ids, [rank] * len(send_ids), send_dst, send_n)])
+        tables.append([matching.op_table(send_ids, [rank] * len(send_ids), send_dst, send_n)])
     for rank in range(world):
         recv_ids = [tid for tid in ops if tid % 1000 < 40 and (tid // 1000) % world == rank]
         recv_src = [(tid // 1000) // world for tid in recv_ids]
-        tables[rank].append(_planning.op_table(recv_ids, recv_src, [rank] * len(recv_ids), [ops[t] for t in recv_ids]))
-    plans = [_planning.build_plan("B", rank, [tuple(t) for t in tables], [], 16, 1 << 20, 128 << 10)
+        tables[rank].append(matching.op_table(recv_ids, recv_src, [rank] * len(recv_ids), [ops[t] for t in recv_ids]))
+    plans = [planning.build_plan("B", rank, [tuple(t) for t in tables], [], 16, 1 << 20, 128 << 10)
              for rank in range(world)]
     # Every message a rank sends is received by its peer in the same window with the same tag and size.
     for rank, plan in enumerate(plans):
@@ -129,32 +131,32 @@ def test_plan_mismatches_name_the_task_and_both_sizes():
     r = table([1, 2], 0, 1, [8, 16])
     empty = table([], 0, 0, [])
     with pytest.raises(TaskMismatchError) as info:
-        _planning.build_plan("B", 0, [(s, empty), (empty, r)], [], 16, 1 << 20, 1024)
+        planning.build_plan("B", 0, [(s, empty), (empty, r)], [], 16, 1 << 20, 1024)
     assert str(info.value) == "B: size mismatch for task_id=2: rank 0 sends 8 bytes, rank 1 receives 16 bytes"
     with pytest.raises(TaskMismatchError, match="missing recv for task_id=2: rank 0 sends 8 bytes to rank 1"):
-        _planning.build_plan("B", 0, [(s, empty), (empty, table([1], 0, 1, [8]))], [], 16, 1 << 20, 1024)
+        planning.build_plan("B", 0, [(s, empty), (empty, table([1], 0, 1, [8]))], [], 16, 1 << 20, 1024)
     with pytest.raises(TaskMismatchError, match="missing send for task_id=3: rank 1 receives 8 bytes from rank 0"):
-        _planning.build_plan("B", 0, [(s, empty), (empty, table([1, 2, 3], 0, 1, [8, 8, 8]))], [], 16, 1 << 20, 1024)
+        planning.build_plan("B", 0, [(s, empty), (empty, table([1, 2, 3], 0, 1, [8, 8, 8]))], [], 16, 1 << 20, 1024)
     with pytest.raises(TaskMismatchError, match="task_id=1 is sent twice"):
-        _planning.build_plan("B", 0, [(s, empty), (table([1], 1, 0, [8]), r)], [], 16, 1 << 20, 1024)
+        planning.build_plan("B", 0, [(s, empty), (table([1], 1, 0, [8]), r)], [], 16, 1 << 20, 1024)
     with pytest.raises(TaskMismatchError, match="task_id=2: rank 0 sends it to rank 1, but rank 2 expects it"):
         r2 = np.concatenate([table([1], 0, 1, [8]), table([2], 0, 2, [8])])
-        _planning.build_plan("B", 0, [(s, empty), (empty, r2)], [], 16, 1 << 20, 1024)
+        planning.build_plan("B", 0, [(s, empty), (empty, r2)], [], 16, 1 << 20, 1024)
 
 
 def test_digest_changes_with_any_op():
     a = table([1, 2], 0, 1, [8, 8])
     b = table([1, 2], 0, 1, [8, 9])
-    assert _planning.digest(a) != _planning.digest(b)
-    assert _planning.digest(a) == _planning.digest(table([1, 2], 0, 1, [8, 8]))
+    assert plan_cache.digest(a) != plan_cache.digest(b)
+    assert plan_cache.digest(a) == plan_cache.digest(table([1, 2], 0, 1, [8, 8]))
 
 
 def test_tables_round_trip_and_reject_bad_bytes():
     s, r = table([5, 6], 0, 1, [1, 2]), table([7], 1, 0, [3])
-    s2, r2 = _planning.decode_tables(_planning.encode_tables(s, r))
+    s2, r2 = matching.decode_tables(matching.encode_tables(s, r))
     assert np.array_equal(s, s2) and np.array_equal(r, r2)
     with pytest.raises(ValueError, match="op tables"):
-        _planning.decode_tables(_planning.encode_tables(s, r)[:-8])
+        matching.decode_tables(matching.encode_tables(s, r)[:-8])
 
 
 # ---- native span copies --------------------------------------------------------------------

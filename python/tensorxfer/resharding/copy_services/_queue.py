@@ -39,6 +39,7 @@ class QueuedCopyService(CopyService):
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)  # assigns send_ops / recv_ops (the setters below)
+        self._torch_type: type = _tensors.torch_tensor_type()  # the fast path's, once torch is seen
         self._reset_queues()
 
     def _reset_queues(self) -> None:
@@ -121,7 +122,7 @@ class QueuedCopyService(CopyService):
         """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
         kind = type(src_tensor)
         if (((kind is _ndarray and not src_tensor.dtype.hasobject)
-             or (kind is _tensors.torch_tensor_type and (not self.host_only or src_tensor.is_cpu)))
+             or (kind is self._torch_type and (not self.host_only or src_tensor.is_cpu)))
                 and type(dest_rank) is int and 0 <= dest_rank < self.world_size
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))
                 and self._send_plain):
@@ -131,6 +132,7 @@ class QueuedCopyService(CopyService):
             return
         self._check_open("submit_send")
         tensor = _tensors.normalize_fast(src_tensor, "src_tensor", False, self.host_only, self.backend_name)
+        self._torch_type = _tensors.torch_tensor_type()
         rank = check_rank(dest_rank, self.world_size, "dest_rank")
         task_id = check_task_id(task_id)
         if self._send_plain:
@@ -144,7 +146,7 @@ class QueuedCopyService(CopyService):
         """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
         kind = type(dest_tensor)
         if (((kind is _ndarray and dest_tensor.flags.writeable and not dest_tensor.dtype.hasobject)
-             or (kind is _tensors.torch_tensor_type and (not self.host_only or dest_tensor.is_cpu)))
+             or (kind is self._torch_type and (not self.host_only or dest_tensor.is_cpu)))
                 and type(src_rank) is int and 0 <= src_rank < self.world_size
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))
                 and self._recv_plain):
@@ -154,6 +156,7 @@ class QueuedCopyService(CopyService):
             return
         self._check_open("submit_recv")
         tensor = _tensors.normalize_fast(dest_tensor, "dest_tensor", True, self.host_only, self.backend_name)
+        self._torch_type = _tensors.torch_tensor_type()
         rank = check_rank(src_rank, self.world_size, "src_rank")
         task_id = check_task_id(task_id)
         if self._recv_plain:

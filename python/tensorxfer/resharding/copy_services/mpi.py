@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting, poll_until_done
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
@@ -27,13 +27,13 @@ def _mpi() -> Any:
     return MPI
 
 
-class MpiCopyService(BatchedCopyService):
+class MpiCopyService(MessageCopyService):
     """Batched send/recv by task id over an mpi4py communicator.
 
     ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
     matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
     of the communicator must call ``run()`` for each batch. Host tensors only.
-    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
     """
 
     backend_name = "MpiCopyService"
@@ -103,8 +103,7 @@ class MpiCopyService(BatchedCopyService):
     def _new_staging(self, nbytes: int, like: Any) -> Any:
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         MPI = self._MPI
         comm = self._comm
         requests = []
@@ -115,6 +114,11 @@ class MpiCopyService(BatchedCopyService):
             buffer = self._buffer.fromaddress(address, nbytes, readonly=True)
             requests.append(comm.Isend([buffer, nbytes, MPI.BYTE], dest=peer, tag=tag % self._tag_bound))
         return requests
+
+    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+              peers: Optional[List[int]]) -> None:
+        poll_until_done(self._test_all, self._abandon, requests, self._watch, self.backend_name, self.rank,
+                        self.world_size, deadline, timeout, what, peers)
 
     def _test_all(self, requests: List[Any]) -> bool:
         return bool(self._MPI.Request.Testall(requests)) if requests else True

@@ -36,8 +36,9 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
-from tensorxfer.resharding.copy_services import _planning, _ptracer, _tensors
-from tensorxfer.resharding.copy_services._batched import _STEP_DIRECT_ADDRESSES, BatchedCopyService
+from tensorxfer.resharding.copy_services import _ptracer, _tensors
+from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, BatchedCopyService
+from tensorxfer.resharding.copy_services.planning import matching
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
@@ -47,6 +48,8 @@ from tensorxfer.runtime.ipc_memory import IpcMemory, typed_view
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
+#: In an op table's FLAGS: the send's source lies in the sender's shared send buffer.
+FLAG_IN_SEND_BUFFER = 1
 #: What a sender publishes for a task whose source is not in its shared send buffer.
 _NOT_IN_BUFFER = np.uint64(2**64 - 1)
 _PAGE = 4096
@@ -70,7 +73,8 @@ class ShmPlan:
     """This rank's part of a plan, reused while every rank submits the same ops."""
 
     digests: List[bytes]
-    windows: List[Any]  # non-empty when this rank has remote work (BatchedCopyService runs _execute then)
+    # Whether any rank moves bytes: every rank then takes part in the executor's barriers.
+    has_remote_work: bool
     pipeline: Any  # _core.PipelinePlan
     # Pipeline tasks: schedule task id -> this rank's local op index (sends, receives).
     pipe_send_ids: np.ndarray
@@ -233,20 +237,10 @@ class ShmCopyService(BatchedCopyService):
             raise TimeoutError(f"{self.backend_name}: rank {self.rank} timed out in {what}; a peer did not call run() "
                                f"or stalled: {error}") from error
 
-    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], List[bytes]]]:
+    def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._group_wait("the all-gather of the batch's metadata"):
-            gathered = self._local.all_gather_bytes(data, self.timeout)
-        return [], lambda: list(gathered)
-
-    def _new_staging(self, nbytes: int, like: Any) -> Any:
-        return np.empty(nbytes, np.uint8)
-
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
-        raise AssertionError("ShmCopyService moves bytes in _execute, not by posting messages")
-
-    def _test_all(self, requests: List[Any]) -> bool:
-        return True
+            return list(self._local.all_gather_bytes(data, remaining))
 
     # ---- planning -----------------------------------------------------------------------
 
@@ -264,20 +258,17 @@ class ShmCopyService(BatchedCopyService):
         if self.buffer_bytes == 0:
             return None
         inside = spans.contiguous[rows] & self._in_send_buffer(spans.address[rows], spans.nbytes[rows])
-        return inside.astype(np.int64) * _planning.FLAG_IN_SEND_BUFFER
+        return inside.astype(np.int64) * FLAG_IN_SEND_BUFFER
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
-        empty = np.zeros((0, _planning.COLUMNS), np.int64)
-        all_sends = np.concatenate([s for s, _ in tables]) if tables else empty
-        all_recvs = np.concatenate([r for _, r in tables]) if tables else empty
-        sends, recvs = _planning.match(self.backend_name, all_sends, all_recvs)
+        sends, recvs = matching.match_tables(self.backend_name, tables)
         me = self.rank
         count = sends.shape[0]
         ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
-        src, dst, nbytes = sends[:, _planning.SRC], sends[:, _planning.DST], sends[:, _planning.NBYTES]
+        src, dst, nbytes = sends[:, matching.SRC], sends[:, matching.DST], sends[:, matching.NBYTES]
         # Direct: sources in the sender's send buffer (any size), and large ones
         # where cross-memory attach is permitted; the rest goes through the pipeline.
-        direct = (sends[:, _planning.FLAGS] & _planning.FLAG_IN_SEND_BUFFER) != 0
+        direct = (sends[:, matching.FLAGS] & FLAG_IN_SEND_BUFFER) != 0
         if self.cma_min_bytes is not None and count:
             direct |= (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
         direct &= nbytes > 0
@@ -290,17 +281,17 @@ class ShmCopyService(BatchedCopyService):
         # when any rank has something to move, so the condition is global.
         return ShmPlan(
             digests=digests,
-            windows=[True] if (pipeline.num_iterations or direct.any()) else [],
+            has_remote_work=bool(pipeline.num_iterations or direct.any()),
             pipeline=pipeline,
             pipe_send_ids=ids[mine_send].astype(np.uint64),
-            pipe_send_local=sends[mine_send, _planning.LOCAL_INDEX],
+            pipe_send_local=sends[mine_send, matching.LOCAL_INDEX],
             pipe_recv_ids=ids[mine_recv].astype(np.uint64),
-            pipe_recv_local=recvs[mine_recv, _planning.LOCAL_INDEX],
+            pipe_recv_local=recvs[mine_recv, matching.LOCAL_INDEX],
             any_direct=bool(direct.any()),
             direct_send_ids=ids[direct & (src == me)],
-            direct_send_local=sends[direct & (src == me), _planning.LOCAL_INDEX],
+            direct_send_local=sends[direct & (src == me), matching.LOCAL_INDEX],
             direct_recv_ids=ids[direct & (dst == me)],
-            direct_recv_local=recvs[direct & (dst == me), _planning.LOCAL_INDEX],
+            direct_recv_local=recvs[direct & (dst == me), matching.LOCAL_INDEX],
             direct_recv_src=src[direct & (dst == me)],
         )
 
@@ -311,20 +302,8 @@ class ShmCopyService(BatchedCopyService):
                  timeout: Optional[float]) -> None:
         # Sources as they are now (non-contiguous ones copied once); destinations as
         # the copies see them (non-contiguous ones staged, copied back at the end).
-        send_objects = list(send_tensors)
-        send_addresses = send_spans.address.astype(np.uint64)
-        for i in np.flatnonzero(~send_spans.contiguous):
-            send_objects[i] = _tensors.contiguous(send_objects[i])
-            send_addresses[i] = _tensors.describe(send_objects[i]).address
-        recv_targets = list(recv_tensors)
-        recv_addresses = recv_spans.address.astype(np.uint64)
-        copy_back = []
-        for i in np.flatnonzero(~recv_spans.contiguous):
-            staged = _tensors.empty_like(recv_targets[i])
-            copy_back.append((recv_targets[i], staged))
-            recv_targets[i] = staged
-            recv_addresses[i] = _tensors.describe(staged).address
-
+        kept_alive, send_addresses = _tensors.sources_as_now(send_tensors, send_spans)  # read until the end
+        recv_targets, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         if plan.any_direct:
             with self._group_wait("the direct reads"):
                 published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
@@ -346,8 +325,7 @@ class ShmCopyService(BatchedCopyService):
         finally:
             empty = np.zeros(0, np.uint64)
             self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
-        for target, staged in copy_back:
-            _tensors.copy_bytes_into(target, staged)
+        _tensors.copy_back(pending)
 
     def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_targets: List[Any],
                        recv_addresses: np.ndarray, recv_nbytes: np.ndarray) -> None:

@@ -19,17 +19,17 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
-class TorchDistributedCopyService(BatchedCopyService):
+class TorchDistributedCopyService(MessageCopyService):
     """Batched send/recv by task id over a torch.distributed process group.
 
     ``group``: a process group; None = the default group (which must be
     initialized). Ranks are ranks of ``group``. Every rank of the group must
     call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
-    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
     """
 
     backend_name = "TorchDistributedCopyService"
@@ -105,8 +105,7 @@ class TorchDistributedCopyService(BatchedCopyService):
             flat = flat.view(self._torch.uint8)
         return flat[:nbytes]
 
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         dist = self._dist
         operations = []
         for peer, tag, tensor, _, nbytes in recvs:
@@ -118,11 +117,6 @@ class TorchDistributedCopyService(BatchedCopyService):
         if not operations:
             return []
         return list(dist.batch_isend_irecv(operations))
-
-    def _test_all(self, requests: List[Any]) -> bool:
-        # gloo point-to-point work reports completion only from wait(), so this
-        # backend overrides _wait and never polls.
-        raise AssertionError("TorchDistributedCopyService waits with _wait, not by polling")
 
     def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
               peers: Optional[List[int]]) -> None:
