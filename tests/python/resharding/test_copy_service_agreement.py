@@ -10,13 +10,10 @@ taken back by close().
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue as queue_module
+import sys
 import tempfile
 import time
-import traceback
-import uuid
 
 import numpy as np
 import pytest
@@ -25,43 +22,13 @@ from tensorxfer.resharding.copy_services import ShmCopyService
 from tensorxfer.resharding.copy_services import _ptracer
 from tensorxfer.runtime import LocalGroup
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from copy_service_launch import run_ranks  # noqa: E402
+
 pytestmark = pytest.mark.multiprocess
 
 TIMEOUT = 5.0
-
-
-def run_ranks(target, world: int, *args, deadline: float = 90.0) -> dict:
-    """Runs target(name, rank, world, results, *args) in `world` spawned processes;
-    returns {rank: what the rank put}, failing the test on a traceback."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    name = f"agree-{uuid.uuid4().hex[:10]}"
-    processes = [context.Process(target=_guarded, args=(target, name, rank, world, results, *args))
-                 for rank in range(world)]
-    for process in processes:
-        process.start()
-    got: dict = {}
-    try:
-        for _ in processes:
-            rank, value = results.get(timeout=deadline)
-            got[rank] = value
-    except queue_module.Empty:
-        pytest.fail(f"ranks did not report within {deadline} s: got {got}")
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-    errors = [value[1] for value in got.values() if isinstance(value, tuple) and value[0] == "traceback"]
-    assert not errors, "a rank failed:\n" + "\n".join(errors)
-    return got
-
-
-def _guarded(target, name, rank, world, results, *args) -> None:
-    try:
-        results.put((rank, target(name, rank, world, *args)))
-    except BaseException:
-        results.put((rank, ("traceback", traceback.format_exc())))
 
 
 def _outcome(call) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = -1
@@ -76,31 +76,34 @@ def _effective() -> int:
     return _held[0] if len(set(_held)) == 1 else PR_SET_PTRACER_ANY
 
 
+def _update(change: Callable[[], None]) -> bool:
+    """Applies ``change`` to the held grants and the process's setting; False (and the
+    grants as they were) if prctl refused."""
+    before = list(_held)
+    previous = _effective()
+    change()
+    if _effective() == previous:
+        return True
+    try:
+        set_ptracer(_effective())
+        return True
+    except OSError:
+        _held[:] = before
+        return False
+
+
 def grant(peer_pids: Sequence[int]) -> Optional[int]:
     """Lets the processes ``peer_pids`` read this one's memory where Yama would
-    refuse it; returns the grant to :func:`release`, or None when none is needed."""
+    refuse it; returns the grant to :func:`release`, or None when none is needed
+    (or prctl refused it)."""
     if yama_scope() != 1 or not peer_pids:
         return None
     value = reader_for(peer_pids)
-    before = _effective()
-    _held.append(value)
-    if _effective() != before:
-        try:
-            set_ptracer(_effective())
-        except OSError:
-            _held.remove(value)
-            return None
-    return value
+    return value if _update(lambda: _held.append(value)) else None
 
 
 def release(value: Optional[int]) -> None:
-    """Takes back a grant: the setting narrows to what the other holders need, or 0."""
-    if value is None or value not in _held:
-        return
-    before = _effective()
-    _held.remove(value)
-    if _effective() != before:
-        try:
-            set_ptracer(_effective())
-        except OSError:
-            pass  # the process keeps a wider permission; nothing else to undo
+    """Takes back a grant: the setting narrows to what the other holders need, or 0.
+    (If prctl refuses, the process keeps the wider permission: nothing else to undo.)"""
+    if value is not None and value in _held:
+        _update(lambda: _held.remove(value))

@@ -188,30 +188,6 @@ class CopyService(abc.ABC):
         if self._closed:
             raise ClosedError(f"{self.backend_name} is closed")
 
-    def _queue_send(self, src_tensor: Any, dest_rank: Any, task_id: Any) -> None:
-        """Checks the arguments of ``submit_send`` and queues the op."""
-        self._check_open("submit_send")
-        if src_tensor is None:
-            raise TypeError("src_tensor: expected a tensor (numpy array or torch tensor), got None")
-        self.send_ops.append(
-            SendOp(check_task_id(task_id), src_tensor, check_rank(dest_rank, self.world_size, "dest_rank"))
-        )
-
-    def _queue_recv(self, dest_tensor: Any, src_rank: Any, task_id: Any) -> None:
-        """Checks the arguments of ``submit_recv`` and queues the op."""
-        self._check_open("submit_recv")
-        if dest_tensor is None:
-            raise TypeError("dest_tensor: expected a tensor (numpy array or torch tensor), got None")
-        self.recv_ops.append(
-            RecvOp(check_task_id(task_id), dest_tensor, check_rank(src_rank, self.world_size, "src_rank"))
-        )
-
-    def _take_ops(self) -> Tuple[List[SendOp], List[RecvOp]]:
-        """The queued ops, leaving the queues empty."""
-        sends, recvs = self.send_ops, self.recv_ops
-        self.send_ops, self.recv_ops = [], []
-        return sends, recvs
-
     def __enter__(self) -> "CopyService":
         return self
 

@@ -26,11 +26,8 @@ Host tensors only (numpy arrays, CPU torch tensors).
 from __future__ import annotations
 
 import contextlib
-import os
-import struct
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,7 +35,8 @@ from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _ptracer, _tensors
 from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, BatchedCopyService
-from tensorxfer.resharding.copy_services.planning import matching
+from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
+from tensorxfer.resharding.copy_services._shm_plan import FLAG_IN_SEND_BUFFER, ShmPlan, build_shm_plan
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
@@ -48,8 +46,6 @@ from tensorxfer.runtime.ipc_memory import IpcMemory, typed_view
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
-#: In an op table's FLAGS: the send's source lies in the sender's shared send buffer.
-FLAG_IN_SEND_BUFFER = 1
 #: What a sender publishes for a task whose source is not in its shared send buffer.
 _NOT_IN_BUFFER = np.uint64(2**64 - 1)
 _PAGE = 4096
@@ -66,32 +62,6 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
     if type(group).__module__.startswith("mpi4py"):
         return LocalGroup.from_mpi(group, timeout=timeout), True
     return LocalGroup.from_torch(group, timeout=timeout), True
-
-
-@dataclass
-class ShmPlan:
-    """This rank's part of a plan, reused while every rank submits the same ops."""
-
-    digests: List[bytes]
-    # Whether any rank moves bytes: every rank then takes part in the executor's barriers.
-    has_remote_work: bool
-    pipeline: Any  # _core.PipelinePlan
-    # Pipeline tasks: schedule task id -> this rank's local op index (sends, receives).
-    pipe_send_ids: np.ndarray
-    pipe_send_local: np.ndarray
-    pipe_recv_ids: np.ndarray
-    pipe_recv_local: np.ndarray
-    # Direct tasks (read by the receiver from the sender's memory: its shared send
-    # buffer, else by cross-memory attach). any_direct: whether any rank has one (every
-    # rank then takes part in the address exchange); this rank's (task ids, local op
-    # indices) as sender, and as receiver with each task's source rank.
-    any_direct: bool
-    direct_send_ids: np.ndarray
-    direct_send_local: np.ndarray
-    direct_recv_ids: np.ndarray
-    direct_recv_local: np.ndarray
-    direct_recv_src: np.ndarray
-    staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
 
 
 class ShmCopyService(BatchedCopyService):
@@ -142,7 +112,8 @@ class ShmCopyService(BatchedCopyService):
             self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
             self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
             self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
-            self.cma_pairs = self._probe_cross_memory_attach(timeout)
+            self.cma_pairs, self._pids, self._ptracer_grant = probe_cross_memory_attach(
+                local, self.cma_min_bytes is not None, timeout)
         except BaseException:
             # Released now, not by the collector: peers waiting on this rank see it leave.
             self._release()
@@ -196,34 +167,6 @@ class ShmCopyService(BatchedCopyService):
         if self._owns_group:
             self._local.close()
 
-    def _probe_cross_memory_attach(self, timeout: Optional[float]) -> np.ndarray:
-        """cma_pairs[src, dst]: whether dst may read src's memory (the kernel permits it
-        and dst can name src). Probed only when cross-memory attach is enabled; the
-        ptrace permission it needs is granted to the peers alone, and kept only if
-        some peer may read this rank."""
-        world = self.world_size
-        pairs = np.zeros((world, world), bool)
-        if self.cma_min_bytes is None or world == 1:
-            return pairs
-        token = np.frombuffer(os.urandom(16), np.uint8).copy()
-        mine = struct.pack("<qQ", os.getpid(), token.ctypes.data) + token.tobytes()
-        gathered = self._local.all_gather_bytes(mine, timeout)
-        self._pids = [struct.unpack_from("<q", data)[0] for data in gathered]
-        self._ptracer_grant = _ptracer.grant([pid for rank, pid in enumerate(self._pids) if rank != self.rank])
-        self._local.barrier(timeout)  # every rank granted before any probes
-        readable = np.zeros(world, np.uint8)
-        for peer, data in enumerate(gathered):
-            if peer != self.rank:
-                (address,) = struct.unpack_from("<Q", data, 8)
-                readable[peer] = _core.probe_process_memory(self._pids[peer], address, bytes(data[16:32]))
-        answers = self._local.all_gather_bytes(readable.tobytes(), timeout)  # token read by every peer by now
-        for dst, data in enumerate(answers):
-            pairs[:, dst] = np.frombuffer(data, np.uint8).astype(bool)
-        if not pairs[self.rank].any():
-            _ptracer.release(self._ptracer_grant)  # nobody can read this rank anyway
-            self._ptracer_grant = None
-        return pairs
-
     # ---- transport of the shared run() ------------------------------------------------
 
     @contextlib.contextmanager
@@ -261,39 +204,8 @@ class ShmCopyService(BatchedCopyService):
         return inside.astype(np.int64) * FLAG_IN_SEND_BUFFER
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
-        sends, recvs = matching.match_tables(self.backend_name, tables)
-        me = self.rank
-        count = sends.shape[0]
-        ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
-        src, dst, nbytes = sends[:, matching.SRC], sends[:, matching.DST], sends[:, matching.NBYTES]
-        # Direct: sources in the sender's send buffer (any size), and large ones
-        # where cross-memory attach is permitted; the rest goes through the pipeline.
-        direct = (sends[:, matching.FLAGS] & FLAG_IN_SEND_BUFFER) != 0
-        if self.cma_min_bytes is not None and count:
-            direct |= (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
-        direct &= nbytes > 0
-        pipe = ~direct & (nbytes > 0)
-        rows = np.stack([ids[pipe], nbytes[pipe], src[pipe], dst[pipe]], axis=1) if count else np.zeros((0, 4), np.int64)
-        pipeline = _core.plan_pipeline(rows, self.world_size, self.slot_nbytes, self.max_tasks_per_batch, me)
-        mine_send = pipe & (src == me)
-        mine_recv = pipe & (dst == me)
-        # Every rank takes part in the executor's barriers (and the address exchange)
-        # when any rank has something to move, so the condition is global.
-        return ShmPlan(
-            digests=digests,
-            has_remote_work=bool(pipeline.num_iterations or direct.any()),
-            pipeline=pipeline,
-            pipe_send_ids=ids[mine_send].astype(np.uint64),
-            pipe_send_local=sends[mine_send, matching.LOCAL_INDEX],
-            pipe_recv_ids=ids[mine_recv].astype(np.uint64),
-            pipe_recv_local=recvs[mine_recv, matching.LOCAL_INDEX],
-            any_direct=bool(direct.any()),
-            direct_send_ids=ids[direct & (src == me)],
-            direct_send_local=sends[direct & (src == me), matching.LOCAL_INDEX],
-            direct_recv_ids=ids[direct & (dst == me)],
-            direct_recv_local=recvs[direct & (dst == me), matching.LOCAL_INDEX],
-            direct_recv_src=src[direct & (dst == me)],
-        )
+        return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
+                              self.max_tasks_per_batch, self.cma_min_bytes, self.cma_pairs)
 
     # ---- execution ----------------------------------------------------------------------
 
