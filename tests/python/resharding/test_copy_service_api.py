@@ -318,3 +318,47 @@ def test_each_backend_says_whether_run_needs_a_process_group_barrier():
     assert TorchDistributedCopyService.requires_process_group_barrier is True  # nccl (gloo instances: False)
     local = LocalCopyService()
     assert (local.rank, local.world_size, local.group) == (0, 1, None)
+
+
+# ---- matching (the C++ matcher on the copy services' keys), property-based -------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def task_sets(draw):
+    """Tasks (task id or None, src, dst, nbytes) among 3 ranks, ids unique."""
+    ids = draw(st.lists(st.integers(-2**63, 2**63 - 1), unique=True, max_size=12))
+    tasks = [(task_id, draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 64))) for task_id in ids]
+    tasks += [(None, draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 64)))
+              for _ in range(draw(st.integers(0, 4)))]
+    return tasks
+
+
+def tables_of(tasks, order):
+    rows = [tasks[i] for i in order]
+    ids = [task_id for task_id, _, _, _ in rows]
+    sends = matching.op_table(ids, [s for _, s, _, _ in rows], [d for _, _, d, _ in rows], [n for *_, n in rows])
+    return sends
+
+
+@settings(max_examples=60, deadline=None)
+@given(task_sets(), st.randoms())
+def test_matching_pairs_every_key_in_key_order(tasks, random):
+    send_order = list(range(len(tasks)))
+    recv_order = list(range(len(tasks)))
+    random.shuffle(recv_order)
+    sends = tables_of(tasks, send_order)
+    # Receives list the same tasks in another order; untagged ones keep their per-pair order.
+    named = [i for i in recv_order if tasks[i][0] is not None] + [i for i in send_order if tasks[i][0] is None]
+    recvs = tables_of(tasks, named)
+    matched_sends, matched_recvs = matching.match("B", sends, recvs)
+    key = slice(0, matching.KEY_B + 1)
+    assert np.array_equal(matched_sends[:, key], matched_recvs[:, key])
+    keys = [tuple(row) for row in matched_sends[:, key]]
+    assert keys == sorted(keys) and len(keys) == len(tasks)
+    assert sorted(matched_sends[:, matching.LOCAL_INDEX].tolist()) == list(range(len(tasks)))
+    if len(tasks):
+        dropped = random.randrange(len(tasks))
+        with pytest.raises(TaskMismatchError, match="missing recv"):
+            matching.match("B", sends, np.delete(recvs, dropped, axis=0))

@@ -10,10 +10,11 @@ receive, with the same ranks and the same byte size; otherwise
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple, cast, Any
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from tensorxfer import _core
 from tensorxfer.resharding.copy_services.base import TaskMismatchError
 
 # Columns of an op table (int64): the key (anon, a, b), the op itself, and
@@ -57,23 +58,10 @@ def op_table(task_ids: Sequence[Optional[int]], sources: Any, destinations: Any,
     return table
 
 
-def _sorted_by_key(table: np.ndarray) -> np.ndarray:
-    order = np.lexsort((table[:, KEY_B], table[:, KEY_A], table[:, ANON]))
-    return table[order]
-
-
 def _describe_task(row: np.ndarray) -> str:
     if row[ANON]:
         return f"the untagged (task_id=None) transfer #{int(row[KEY_B])} from rank {int(row[SRC])} to rank {int(row[DST])}"
     return f"task_id={int(row[KEY_A])}"
-
-
-def _first_duplicate(table: np.ndarray) -> Optional[int]:
-    if table.shape[0] < 2:
-        return None
-    same = np.all(table[1:, :KEY_B + 1] == table[:-1, :KEY_B + 1], axis=1)
-    hits = np.flatnonzero(same)
-    return None if hits.size == 0 else int(hits[0])
 
 
 def match_tables(backend: str, tables: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
@@ -87,57 +75,63 @@ def match_tables(backend: str, tables: Sequence[Tuple[np.ndarray, np.ndarray]]) 
 def match(backend: str, sends: np.ndarray, recvs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Sends and receives of all ranks, sorted by key and paired row by row.
 
-    Raises TaskMismatchError naming the first (lowest-key) offending task: a
-    key sent or received twice, a send without a receive or the reverse, ranks
-    that disagree, or byte sizes that differ.
+    The pairing is the schedule's C++ matcher (``resharding/task_matcher.h``), on
+    each key's rank among all keys. Raises TaskMismatchError naming the first
+    (lowest-key) offending task: a key sent or received twice, a send without a
+    receive or the reverse, ranks that disagree, or byte sizes that differ.
     """
-    sends, recvs = _sorted_by_key(sends), _sorted_by_key(recvs)
-    for table, verb in ((sends, "sent"), (recvs, "received")):
-        duplicate = _first_duplicate(table)
-        if duplicate is not None:
-            first, second = table[duplicate], table[duplicate + 1]
-            raise TaskMismatchError(
-                f"{backend}: {_describe_task(first)} is {verb} twice: rank {int(first[SRC])} -> rank "
-                f"{int(first[DST])} and rank {int(second[SRC])} -> rank {int(second[DST])}"
-            )
-    keys_equal = sends.shape == recvs.shape and np.array_equal(sends[:, :KEY_B + 1], recvs[:, :KEY_B + 1])
-    if not keys_equal:
-        _raise_missing(backend, sends, recvs)
-    ranks_differ = np.flatnonzero((sends[:, SRC] != recvs[:, SRC]) | (sends[:, DST] != recvs[:, DST]))
-    if ranks_differ.size:
-        send, recv = sends[ranks_differ[0]], recvs[ranks_differ[0]]
-        raise TaskMismatchError(
-            f"{backend}: {_describe_task(send)}: rank {int(send[SRC])} sends it to rank {int(send[DST])}, "
-            f"but rank {int(recv[DST])} expects it from rank {int(recv[SRC])}"
-        )
-    sizes_differ = np.flatnonzero(sends[:, NBYTES] != recvs[:, NBYTES])
-    if sizes_differ.size:
-        send, recv = sends[sizes_differ[0]], recvs[sizes_differ[0]]
-        raise TaskMismatchError(
-            f"{backend}: size mismatch for {_describe_task(send)}: rank {int(send[SRC])} sends "
-            f"{int(send[NBYTES])} bytes, rank {int(recv[DST])} receives {int(recv[NBYTES])} bytes"
-        )
-    return sends, recvs
+    keys = np.concatenate([sends[:, :KEY_B + 1], recvs[:, :KEY_B + 1]])
+    if keys.shape[0] == 0:
+        return sends, recvs
+    # Each key's rank in key order (anon, a, b), as the matcher's task id.
+    order = np.lexsort((keys[:, KEY_B], keys[:, KEY_A], keys[:, ANON]))
+    ordered = keys[order]
+    new_key = np.concatenate(([True], np.any(ordered[1:] != ordered[:-1], axis=1)))
+    dense = np.empty(keys.shape[0], np.int64)
+    dense[order] = np.cumsum(new_key) - 1
+    count = sends.shape[0]
+    problem, send_index, recv_index, other_index, pairs = _core.find_task_pairs(
+        _endpoint_rows(dense[:count], sends), _endpoint_rows(dense[count:], recvs))
+    if problem:
+        _raise_problem(backend, problem, sends, recvs, send_index, recv_index, other_index)
+    return sends[pairs[:, 0]], recvs[pairs[:, 1]]
 
 
-def _raise_missing(backend: str, sends: np.ndarray, recvs: np.ndarray) -> None:
-    send_keys = {tuple(row[:KEY_B + 1]): row for row in sends}
-    recv_keys = {tuple(row[:KEY_B + 1]): row for row in recvs}
-    missing_recv = [key for key in send_keys if key not in recv_keys]
-    missing_send = [key for key in recv_keys if key not in send_keys]
-    first_missing_recv = min(missing_recv) if missing_recv else None
-    first_missing_send = min(missing_send) if missing_send else None
-    if first_missing_send is None or (first_missing_recv is not None and first_missing_recv < first_missing_send):
-        assert first_missing_recv is not None  # the keys differ, so one side misses one
-        row = send_keys[first_missing_recv]
+def _endpoint_rows(task_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return np.stack([task_ids, table[:, NBYTES], table[:, SRC], table[:, DST]], axis=1)
+
+
+def _raise_problem(backend: str, problem: str, sends: np.ndarray, recvs: np.ndarray, send_index: int,
+                   recv_index: int, other_index: int) -> None:
+    if problem in ("duplicate_send", "duplicate_receive"):
+        table, first_index, verb = (sends, send_index, "sent") if problem == "duplicate_send" else (recvs, recv_index,
+                                                                                                   "received")
+        first, second = table[first_index], table[other_index]
+        raise TaskMismatchError(
+            f"{backend}: {_describe_task(first)} is {verb} twice: rank {int(first[SRC])} -> rank "
+            f"{int(first[DST])} and rank {int(second[SRC])} -> rank {int(second[DST])}"
+        )
+    if problem == "missing_receive":
+        row = sends[send_index]
         raise TaskMismatchError(
             f"{backend}: missing recv for {_describe_task(row)}: rank {int(row[SRC])} sends "
             f"{int(row[NBYTES])} bytes to rank {int(row[DST])}, which submitted no matching receive"
         )
-    row = recv_keys[first_missing_send]
+    if problem == "missing_send":
+        row = recvs[recv_index]
+        raise TaskMismatchError(
+            f"{backend}: missing send for {_describe_task(row)}: rank {int(row[DST])} receives "
+            f"{int(row[NBYTES])} bytes from rank {int(row[SRC])}, which submitted no matching send"
+        )
+    send, recv = sends[send_index], recvs[recv_index]
+    if problem == "ranks_differ":
+        raise TaskMismatchError(
+            f"{backend}: {_describe_task(send)}: rank {int(send[SRC])} sends it to rank {int(send[DST])}, "
+            f"but rank {int(recv[DST])} expects it from rank {int(recv[SRC])}"
+        )
     raise TaskMismatchError(
-        f"{backend}: missing send for {_describe_task(row)}: rank {int(row[DST])} receives "
-        f"{int(row[NBYTES])} bytes from rank {int(row[SRC])}, which submitted no matching send"
+        f"{backend}: size mismatch for {_describe_task(send)}: rank {int(send[SRC])} sends "
+        f"{int(send[NBYTES])} bytes, rank {int(recv[DST])} receives {int(recv[NBYTES])} bytes"
     )
 
 
