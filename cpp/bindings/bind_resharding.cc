@@ -19,6 +19,7 @@
 #include "tensorxfer/resharding/ipc_double_buffers.h"
 #include "tensorxfer/resharding/pipeline_executor.h"
 #include "tensorxfer/resharding/task_matcher.h"
+#include "tensorxfer/sync/peer_liveness.h"
 
 namespace tensorxfer::bindings {
 namespace {
@@ -303,6 +304,24 @@ void bind_resharding(py::module_& module) {
       "other_index, pairs (n, 2) of (send row, receive row) in task_id order); problem is '' when they pair up, "
       "else the first of duplicate_send, duplicate_receive, missing_receive, missing_send, ranks_differ, "
       "sizes_differ (resharding/task_matcher.h).");
+
+  // The copy services' liveness of peers without a LocalGroup (mpi, torch): the
+  // sync layer's process identities (sync/peer_liveness.h).
+  module.def(
+      "current_process_identity",
+      [] {
+        const sync::ProcessIdentity identity = sync::current_process_identity();
+        return py::make_tuple(identity.pid, identity.start_ticks);
+      },
+      "(pid, start_ticks) of this process: an identity a reused pid does not share.");
+  module.def(
+      "process_is_alive",
+      [](int32_t pid, uint64_t start_ticks) {
+        return sync::is_alive(sync::ProcessIdentity{pid, 0, start_ticks});
+      },
+      py::arg("pid"), py::arg("start_ticks"),
+      "True while the process of that identity exists, has not exited and is the same process "
+      "(pids are only meaningful within one pid namespace).");
 }
 
 }  // namespace tensorxfer::bindings

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'find_task_pairs', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'find_task_pairs', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -565,6 +565,10 @@ def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
     ...
+def current_process_identity() -> tuple[int, int]:
+    """
+    (pid, start_ticks) of this process: an identity a reused pid does not share.
+    """
 def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
     """
     (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
@@ -628,6 +632,10 @@ def probe_futex_across_processes() -> tuple[bool, str]:
 def probe_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, expected: bytes) -> bool:
     """
     True if the bytes at `address` in `pid` can be read and equal `expected` (at most 4096 bytes).
+    """
+def process_is_alive(pid: typing.SupportsInt | typing.SupportsIndex, start_ticks: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    True while the process of that identity exists, has not exited and is the same process (pids are only meaningful within one pid namespace).
     """
 def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, dst: typing.Any, engine: CopyEngine) -> None:
     """
