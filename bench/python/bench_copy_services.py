@@ -24,10 +24,15 @@ Variants, in the same run, interleaved repeat by repeat:
 
 A sample is the slower rank's time for one full step, submits included,
 between barriers. Targets: MPI backend >= 3x the best mpi4py window on (a) and
->= 1.0x on (b); torch backend >= 5x the better gloo window on (a) and >= 1.0x
-on (b); shm backend >= 4x the best mpi4py window and >= 20x the better gloo
+>= 1.0x on (b); torch backend >= 10x the better gloo window on (a) and >= 1.0x
+on (b); shm backend >= 4x the best mpi4py window and >= 30x the better gloo
 window on (a), >= 1.5x the best mpi4py window on (b), >= 1.5x the better of
-the mpi and torch backends (later runs) on (c). ``--ranks 4`` runs 4 ranks
+the mpi and torch backends (later runs) on (c). Against the floors measured in
+the same run (each rank copying the bytes it receives as one block, both ranks
+at once): shm within 2.5x of the memcpy floor on (a); on (b) >= 0.9x the
+cross-memory-read floor from private memory, >= 0.8x the memcpy floor from the
+send buffer. The shm backend gets torch tensors (views of the numpy arrays the
+mpi4py baselines send) when torch is installed. ``--ranks 4`` runs 4 ranks
 (two pairs) in both jobs. Prints the table (CPU model in the header), writes JSON + PNG.
 
     python bench/python/bench_copy_services.py [--repeats 5] [--cases a,b,c] [--ranks 2]
@@ -51,9 +56,17 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE.parents[1] / "bench" / "results" / "copy_services.json"
-TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 5.0, ("b", "torch"): 1.0}
+TARGETS = {("a", "mpi"): 3.0, ("b", "mpi"): 1.0, ("a", "torch"): 10.0, ("b", "torch"): 1.0}
 # shm backend: (case, baseline family) -> target; family "ours" = the best other backend of this project.
-SHM_TARGETS = {("a", "mpi4py"): 4.0, ("a", "gloo"): 20.0, ("b", "mpi4py"): 1.5, ("c", "ours"): 1.5}
+SHM_TARGETS = {("a", "mpi4py"): 4.0, ("a", "gloo"): 30.0, ("b", "mpi4py"): 1.5, ("c", "ours"): 1.5}
+#: The floors, measured in the same run: each rank copies the bytes it receives as one
+#: contiguous block (memcpy), or reads them from its partner in one cross-memory read.
+FLOOR_MEMCPY = "floor: one memcpy of the same bytes"
+FLOOR_CMA = "floor: one cross-memory read of the same bytes"
+# (case, candidate, floor) -> target ratio (floor time / candidate time).
+FLOOR_TARGETS = {("a", "tensorxfer shm (repeat)", FLOOR_MEMCPY): 0.4,  # within 2.5x of the floor
+                 ("b", "tensorxfer shm (repeat)", FLOOR_CMA): 0.9,
+                 ("b", "tensorxfer shm, sources in buffer (repeat)", FLOOR_MEMCPY): 0.8}
 #: The shm backend with its sources already in its shared send buffer (zero-copy sends).
 BUFFERED = "tensorxfer shm, sources in buffer (repeat)"
 CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
@@ -81,6 +94,36 @@ def submit_and_run(service: Any, sends: List[Any], recvs: List[Any], rank: int, 
     for i, tensor in enumerate(recvs):
         service.submit_recv(tensor, peer, peer * 1_000_000 + i)
     service.run()
+
+
+def torch_views(arrays: List[np.ndarray]) -> List[Any]:
+    """torch tensors sharing the arrays' memory, or the arrays without torch."""
+    try:
+        import torch
+    except ImportError:
+        return arrays
+    return [torch.from_numpy(array) for array in arrays]
+
+
+def cross_memory_floor(comm: Any, peer: int, source: np.ndarray, target: np.ndarray) -> Any:
+    """A step reading the partner's ``source`` into ``target`` in one cross-memory read
+    (parallel chunks, as the shm backend reads), or None where a rank may not."""
+    from mpi4py import MPI
+
+    from tensorxfer import _core
+    from tensorxfer.ipc.pack import default_copy_engine
+    from tensorxfer.resharding.copy_services import _ptracer
+
+    where = comm.allgather((os.getpid(), source.ctypes.data, source[:16].tobytes()))
+    pid, address, head = where[peer]
+    grant = _ptracer.grant([pid])
+    comm.Barrier()
+    readable = bool(_core.probe_process_memory(pid, address, head))
+    if not comm.allreduce(readable, op=MPI.LAND):
+        _ptracer.release(grant)
+        return None
+    engine = default_copy_engine()
+    return lambda: _core.read_process_memory(pid, address, target, engine)
 
 
 def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], step: Callable[[], None]) -> float:
@@ -116,7 +159,11 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
             makers["shm"] = lambda: build_copy_service("shm", group=group, timeout=600)
         services: Dict[str, object] = {}
 
+        shm_sends, shm_recvs = torch_views(sends), torch_views(recvs)
+
         def copy_service_step(backend: str) -> Callable[[], None]:
+            if backend == "shm":
+                return lambda: submit_and_run(services[backend], shm_sends, shm_recvs, rank, peer)
             return lambda: submit_and_run(services[backend], sends, recvs, rank, peer)
 
         def mpi4py_step(window: int) -> Callable[[], None]:
@@ -132,6 +179,11 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
 
         variants = {f"mpi4py Isend/Irecv w{w}": mpi4py_step(w) for w in (16, 128)}
         variants["mpi4py Isend/Irecv wall"] = mpi4py_step(len(sends))
+        floor_source, floor_target = np.full(sum(sizes), rank + 1, np.uint8), np.zeros(sum(sizes), np.uint8)
+        variants[FLOOR_MEMCPY] = lambda: np.copyto(floor_target, floor_source)
+        cma_floor = cross_memory_floor(comm, peer, floor_source, floor_target)
+        if cma_floor is not None:
+            variants[FLOOR_CMA] = cma_floor
         buffered = None
         if with_shm:
             # The same sends from views of the shm service's shared send buffer.
@@ -306,6 +358,10 @@ def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict,
             report.compare(name, "time", "tensorxfer shm (first run)", best)
             if BUFFERED in variants:
                 report.compare(name, "time", BUFFERED, best)
+    for (case, candidate, floor), target in FLOOR_TARGETS.items():
+        variants = list(mpi.get(case, {}))
+        if case in cases and candidate in variants and floor in variants:
+            report.compare(CASE_NAMES[case], "time", candidate, floor, target)
     return report
 
 

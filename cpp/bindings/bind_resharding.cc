@@ -18,6 +18,8 @@
 #include "tensorxfer/resharding/communication_scheduler.h"
 #include "tensorxfer/resharding/ipc_double_buffers.h"
 #include "tensorxfer/resharding/pipeline_executor.h"
+#include "tensorxfer/resharding/task_matcher.h"
+#include "tensorxfer/sync/peer_liveness.h"
 
 namespace tensorxfer::bindings {
 namespace {
@@ -275,6 +277,58 @@ void bind_resharding(py::module_& module) {
       "True if the bytes at `address` in `pid` can be read and equal `expected` (at most 4096 bytes).");
   module.def("allow_memory_readers", &copy::allow_memory_readers,
              "Lets this user's other processes read this one's memory under Yama ptrace_scope 1.");
+
+  // The copy services' matching step (copy_services/planning/matching.py): the
+  // matcher of the schedule, returning what is wrong instead of throwing, so the
+  // caller names tasks by its own keys.
+  module.def(
+      "find_task_pairs",
+      [](const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sends,
+         const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& receives) {
+        const auto send_endpoints = endpoints_from(sends, "sends");
+        const auto receive_endpoints = endpoints_from(receives, "receives");
+        std::vector<std::pair<std::size_t, std::size_t>> pairs;
+        resharding::MatchProblem problem;
+        {
+          py::gil_scoped_release release;
+          problem = resharding::find_task_pairs(send_endpoints, receive_endpoints, pairs);
+        }
+        using Kind = resharding::MatchProblem::Kind;
+        static const char* const kNames[] = {"",          "duplicate_send", "duplicate_receive", "missing_receive",
+                                             "missing_send", "ranks_differ",  "sizes_differ"};
+        py::array_t<int64_t> rows({static_cast<py::ssize_t>(pairs.size()), py::ssize_t{2}});
+        auto table = rows.mutable_unchecked<2>();
+        for (std::size_t i = 0; i < pairs.size(); ++i) {
+          table(static_cast<py::ssize_t>(i), 0) = static_cast<int64_t>(pairs[i].first);
+          table(static_cast<py::ssize_t>(i), 1) = static_cast<int64_t>(pairs[i].second);
+        }
+        static_assert(static_cast<int>(Kind::kSizesDiffer) == 6, "kNames follows MatchProblem::Kind");
+        return py::make_tuple(kNames[static_cast<int>(problem.kind)], problem.send_index, problem.receive_index,
+                              problem.other_index, rows);
+      },
+      py::arg("sends"), py::arg("receives"),
+      "Pairs (task_id, nbytes, src_rank, dest_rank) rows by task_id: (problem, send_index, receive_index, "
+      "other_index, pairs (n, 2) of (send row, receive row) in task_id order); problem is '' when they pair up, "
+      "else the first of duplicate_send, duplicate_receive, missing_receive, missing_send, ranks_differ, "
+      "sizes_differ (resharding/task_matcher.h).");
+
+  // The copy services' liveness of peers without a LocalGroup (mpi, torch): the
+  // sync layer's process identities (sync/peer_liveness.h).
+  module.def(
+      "current_process_identity",
+      [] {
+        const sync::ProcessIdentity identity = sync::current_process_identity();
+        return py::make_tuple(identity.pid, identity.start_ticks);
+      },
+      "(pid, start_ticks) of this process: an identity a reused pid does not share.");
+  module.def(
+      "process_is_alive",
+      [](int32_t pid, uint64_t start_ticks) {
+        return sync::is_alive(sync::ProcessIdentity{pid, 0, start_ticks});
+      },
+      py::arg("pid"), py::arg("start_ticks"),
+      "True while the process of that identity exists, has not exited and is the same process "
+      "(pids are only meaningful within one pid namespace).");
 }
 
 }  // namespace tensorxfer::bindings

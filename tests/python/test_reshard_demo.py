@@ -147,11 +147,15 @@ def test_each_available_backend_moves_and_verifies_every_byte(backend):
     if backend in ("mpi", "torch"):  # the batched services count plan builds
         assert only["plans_built"] == 1  # the second run reused the first run's plan
     assert summary["cpu_model"]
+    # each backend's GB/s beside the floor (one process copying the same bytes as one block)
+    assert summary["floor_gb_per_s"] > 0
+    assert only["repeat_vs_floor"] == pytest.approx(only["repeat_gb_per_s"] / summary["floor_gb_per_s"])
     # without --json the progress lines and the table go to stdout
     if backend == "local":
         text = run_cli("--backends", backend, *SMALL)
         assert text.returncode == 0, text.stderr
         assert "local: run 2/2 verified" in text.stdout and "repeat GB/s" in text.stdout
+        assert "vs floor" in text.stdout and "one process copying the same bytes" in text.stdout
 
 
 def _first_received_tensor(rank: int, ranks: int = 3, target_parts: int = 2) -> str:

@@ -8,11 +8,15 @@ reason.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import queue as queue_module
 import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
+import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -92,6 +96,41 @@ def launch_shm(world: int, args: List[str], timeout: float) -> Tuple[List[int], 
         for rank in range(world)
     ]
     return _collect(processes, timeout)
+
+
+def run_ranks(target, world: int, *args, deadline: float = 90.0) -> dict:
+    """Runs target(name, rank, world, *args) in `world` spawned processes (``name``: a
+    fresh LocalGroup name); returns {rank: what target returned}, raising
+    AssertionError with the traceback of a rank that raised."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    name = f"agree-{uuid.uuid4().hex[:10]}"
+    processes = [context.Process(target=_guarded, args=(target, name, rank, world, results, *args))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    got: dict = {}
+    try:
+        for _ in processes:
+            rank, value = results.get(timeout=deadline)
+            got[rank] = value
+    except queue_module.Empty:
+        raise AssertionError(f"ranks did not report within {deadline} s: got {got}")
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    errors = [value[1] for value in got.values() if isinstance(value, tuple) and value[0] == "traceback"]
+    assert not errors, "a rank failed:\n" + "\n".join(errors)
+    return got
+
+
+def _guarded(target, name, rank, world, results, *args) -> None:
+    try:
+        results.put((rank, target(name, rank, world, *args)))
+    except BaseException:
+        results.put((rank, ("traceback", traceback.format_exc())))
 
 
 LAUNCHERS: Dict[str, Callable[[int, List[str], float], Tuple[List[int], str]]] = {

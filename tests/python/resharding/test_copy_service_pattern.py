@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorxfer.resharding.copy_services import TaskMismatchError, _planning
+from tensorxfer.resharding.copy_services import TaskMismatchError
+from tensorxfer.resharding.copy_services.planning import matching
+from tensorxfer.resharding.copy_services.shm import FLAG_IN_SEND_BUFFER
 from tensorxfer.resharding.copy_services._pattern import pattern_for
 
 
@@ -42,14 +44,14 @@ def test_same_rank_pairs_and_their_sizes_are_checked_every_run():
 def test_tables_cover_the_remote_ops_and_change_with_their_sizes():
     pattern = pattern_for(None, "B", 0, columns([5, 6, 7], [1, 0, 2]), columns([8, 6], [2, 0]))
     send_table, recv_table, digest = pattern.tables(np.array([10, 20, 30]), np.array([40, 20]))
-    assert send_table[:, _planning.KEY_A].tolist() == [5, 7]
-    assert send_table[:, _planning.DST].tolist() == [1, 2] and send_table[:, _planning.NBYTES].tolist() == [10, 30]
-    assert send_table[:, _planning.LOCAL_INDEX].tolist() == [0, 1]  # positions among the remote ops
-    assert recv_table[:, _planning.KEY_A].tolist() == [8] and recv_table[:, _planning.SRC].tolist() == [2]
+    assert send_table[:, matching.KEY_A].tolist() == [5, 7]
+    assert send_table[:, matching.DST].tolist() == [1, 2] and send_table[:, matching.NBYTES].tolist() == [10, 30]
+    assert send_table[:, matching.LOCAL_INDEX].tolist() == [0, 1]  # positions among the remote ops
+    assert recv_table[:, matching.KEY_A].tolist() == [8] and recv_table[:, matching.SRC].tolist() == [2]
     again = pattern.tables(np.array([10, 99, 30]), np.array([40, 77]))  # only same-rank sizes changed
     assert again[2] == digest
     changed = pattern.tables(np.array([10, 20, 31]), np.array([40, 20]))
-    assert changed[2] != digest and changed[0][:, _planning.NBYTES].tolist() == [10, 31]
+    assert changed[2] != digest and changed[0][:, matching.NBYTES].tolist() == [10, 31]
     tensors = ["a", "b", "c"]
     spans = pattern.sends.remote_part(tensors, _tensors_spans(3))
     assert spans[0] == ["a", "c"] and spans[1].nbytes.tolist() == [0, 2]
@@ -66,8 +68,8 @@ def _tensors_spans(count):
 def test_untagged_remote_ops_get_keys_by_pair_and_order(ids):
     pattern = pattern_for(None, "B", 0, columns(ids, [1] * len(ids)), columns([], []))
     table = pattern.tables(np.ones(len(ids), np.int64), np.zeros(0, np.int64))[0]
-    anonymous = table[table[:, _planning.ANON] == 1]
-    assert anonymous[:, _planning.KEY_B].tolist() == list(range(ids.count(None)))
+    anonymous = table[table[:, matching.ANON] == 1]
+    assert anonymous[:, matching.KEY_B].tolist() == list(range(ids.count(None)))
 
 
 def test_send_flags_are_part_of_the_tables_every_run():
@@ -77,6 +79,6 @@ def test_send_flags_are_part_of_the_tables_every_run():
     nbytes, none = np.array([8, 8]), np.zeros(0, np.int64)
     plain = pattern.tables(nbytes, none)
     assert pattern.tables(nbytes, none, np.zeros(2, np.int64))[2] == plain[2]  # no flags = zero flags
-    flagged = pattern.tables(nbytes, none, np.array([0, _planning.FLAG_IN_SEND_BUFFER]))
-    assert flagged[2] != plain[2] and flagged[0][:, _planning.FLAGS].tolist() == [0, 1]
+    flagged = pattern.tables(nbytes, none, np.array([0, FLAG_IN_SEND_BUFFER]))
+    assert flagged[2] != plain[2] and flagged[0][:, matching.FLAGS].tolist() == [0, 1]
     assert pattern.tables(nbytes, none)[2] == plain[2]  # and back

@@ -13,6 +13,7 @@ import gc
 import numpy as np
 import pytest
 
+from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import RecvOp, SendOp, _tensors
 from tensorxfer.resharding.copy_services._queue import QueuedCopyService
 
@@ -24,15 +25,7 @@ class Recorder(QueuedCopyService):
 
     def __init__(self) -> None:
         super().__init__()
-        self._world = 4
-
-    @property
-    def rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 4
+        self.world_size = 4
 
     def run(self):  # type: ignore[override]
         self._check_open("run")
@@ -147,9 +140,9 @@ def test_a_closed_queue_refuses_submits():
     queue.submit_send(np.zeros(1), 1, 1)
     queue.close()
     assert queue.send_ops == [] and queue.recv_ops == []
-    with pytest.raises(RuntimeError, match=r"^Recorder.submit_send\(\): the copy service is closed$"):
+    with pytest.raises(ClosedError, match=r"^Recorder is closed$"):
         queue.submit_send(np.zeros(1), 1, 1)
-    with pytest.raises(RuntimeError, match=r"^Recorder.submit_recv\(\): the copy service is closed$"):
+    with pytest.raises(ClosedError, match=r"^Recorder is closed$"):
         queue.submit_recv(np.zeros(1), 1, 1)
     assert queue.send_ops == [] and queue.recv_ops == []
 

@@ -3,7 +3,7 @@
 A pattern is the task ids and ranks of a run's sends and receives, in submit
 order. From it follow which ops are same-rank and how they pair up
 (match_local_ops_by_task_id), which are remote, and, with the byte sizes, the
-remote op tables and their digest (see _planning). A resharding job submits
+remote op tables and their digest (see planning.matching). A resharding job submits
 the same pattern every step: when a run's ids and ranks equal the last run's
 (four list comparisons, no Python per op), all of that is reused. What may
 change between such runs is still checked every run: the byte sizes (the
@@ -17,7 +17,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorxfer.resharding.copy_services import _planning, _tensors
+from tensorxfer.resharding.copy_services import _tensors
+from tensorxfer.resharding.copy_services.planning import matching, plan_cache
 from tensorxfer.resharding.copy_services.base import TaskMismatchError, match_local_ops_by_task_id
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -109,21 +110,21 @@ class OpPattern:
                send_flags: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, bytes]:
         """(send table, receive table, digest) of the remote ops with these byte sizes
         (every op's, in submit order) and send flags (the remote sends', or None for
-        none: see _planning.FLAGS); the last ones while sizes and flags stay the same."""
+        none: see matching.FLAGS); the last ones while sizes and flags stay the same."""
         if not self.sends.all_remote:
             send_nbytes = send_nbytes[self.sends.remote]
         if not self.recvs.all_remote:
             recv_nbytes = recv_nbytes[self.recvs.remote]
         cached = self._tables
-        if (cached is not None and np.array_equal(cached[0][:, _planning.NBYTES], send_nbytes)
-                and np.array_equal(cached[1][:, _planning.NBYTES], recv_nbytes)
-                and (not cached[0][:, _planning.FLAGS].any() if send_flags is None
-                     else np.array_equal(cached[0][:, _planning.FLAGS], send_flags))):
+        if (cached is not None and np.array_equal(cached[0][:, matching.NBYTES], send_nbytes)
+                and np.array_equal(cached[1][:, matching.NBYTES], recv_nbytes)
+                and (not cached[0][:, matching.FLAGS].any() if send_flags is None
+                     else np.array_equal(cached[0][:, matching.FLAGS], send_flags))):
             return cached
-        send_table = _planning.op_table(self.sends.remote_ids, self.me, self.sends.remote_peers, send_nbytes,
+        send_table = matching.op_table(self.sends.remote_ids, self.me, self.sends.remote_peers, send_nbytes,
                                         send_flags)
-        recv_table = _planning.op_table(self.recvs.remote_ids, self.recvs.remote_peers, self.me, recv_nbytes)
-        self._tables = (send_table, recv_table, _planning.digest(send_table, recv_table))
+        recv_table = matching.op_table(self.recvs.remote_ids, self.recvs.remote_peers, self.me, recv_nbytes)
+        self._tables = (send_table, recv_table, plan_cache.digest(send_table, recv_table))
         return self._tables
 
 

@@ -31,15 +31,15 @@ Columns = Tuple[List[Optional[int]], List[Any], List[int]]
 class QueuedCopyService(CopyService):
     """CopyService whose submits check their arguments and queue them as columns.
 
-    Subclasses set ``_world`` (the group size) and ``host_only`` before the
-    first submit, and take the queue with ``_take_columns()``.
+    Subclasses set ``host_only`` and take the queue with ``_take_columns()``;
+    ``world_size`` bounds the ranks a submit accepts.
     """
 
     host_only = True  # torch tensors must be on the host
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)  # assigns send_ops / recv_ops (the setters below)
-        self._world = 0
+        self._torch_type: type = _tensors.torch_tensor_type()  # the fast path's, once torch is seen
         self._reset_queues()
 
     def _reset_queues(self) -> None:
@@ -88,6 +88,11 @@ class QueuedCopyService(CopyService):
         self._recv_objects = ops
         self._recv_plain = False
 
+    def close(self) -> None:
+        """Drops the queued ops; later calls raise tensorxfer.ClosedError."""
+        self._closed = True
+        self._reset_queues()
+
     def _queued_counts(self) -> Tuple[int, int]:
         # Counted where the ops are, so that a repr() does not turn the queue into dataclasses.
         return (len(self._send_ids) if self._send_plain else len(self._send_objects),
@@ -117,8 +122,8 @@ class QueuedCopyService(CopyService):
         """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
         kind = type(src_tensor)
         if (((kind is _ndarray and not src_tensor.dtype.hasobject)
-             or (kind is _tensors.torch_tensor_type and (not self.host_only or src_tensor.is_cpu)))
-                and type(dest_rank) is int and 0 <= dest_rank < self._world
+             or (kind is self._torch_type and (not self.host_only or src_tensor.is_cpu)))
+                and type(dest_rank) is int and 0 <= dest_rank < self.world_size
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))
                 and self._send_plain):
             self._send_ids.append(task_id)
@@ -127,7 +132,8 @@ class QueuedCopyService(CopyService):
             return
         self._check_open("submit_send")
         tensor = _tensors.normalize_fast(src_tensor, "src_tensor", False, self.host_only, self.backend_name)
-        rank = check_rank(dest_rank, self._world, "dest_rank")
+        self._torch_type = _tensors.torch_tensor_type()
+        rank = check_rank(dest_rank, self.world_size, "dest_rank")
         task_id = check_task_id(task_id)
         if self._send_plain:
             self._send_ids.append(task_id)
@@ -140,8 +146,8 @@ class QueuedCopyService(CopyService):
         """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
         kind = type(dest_tensor)
         if (((kind is _ndarray and dest_tensor.flags.writeable and not dest_tensor.dtype.hasobject)
-             or (kind is _tensors.torch_tensor_type and (not self.host_only or dest_tensor.is_cpu)))
-                and type(src_rank) is int and 0 <= src_rank < self._world
+             or (kind is self._torch_type and (not self.host_only or dest_tensor.is_cpu)))
+                and type(src_rank) is int and 0 <= src_rank < self.world_size
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))
                 and self._recv_plain):
             self._recv_ids.append(task_id)
@@ -150,7 +156,8 @@ class QueuedCopyService(CopyService):
             return
         self._check_open("submit_recv")
         tensor = _tensors.normalize_fast(dest_tensor, "dest_tensor", True, self.host_only, self.backend_name)
-        rank = check_rank(src_rank, self._world, "src_rank")
+        self._torch_type = _tensors.torch_tensor_type()
+        rank = check_rank(src_rank, self.world_size, "src_rank")
         task_id = check_task_id(task_id)
         if self._recv_plain:
             self._recv_ids.append(task_id)

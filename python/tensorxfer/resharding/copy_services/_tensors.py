@@ -9,7 +9,7 @@ its receive must agree in byte size, not in dtype or shape.
 from __future__ import annotations
 
 import sys
-from typing import Any, NamedTuple
+from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -36,25 +36,25 @@ def is_torch(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-class _NoTensorYet:
-    """Stands for torch.Tensor until torch is seen (nothing has this type)."""
+def torch_tensor_type() -> type:
+    """torch.Tensor, or a type nothing has while torch is not imported."""
+    torch = _torch()
+    return torch.Tensor if torch is not None else _NoTensor
 
 
-#: torch.Tensor once a submit met torch, for the queue's one-test fast path.
-torch_tensor_type: type = _NoTensorYet
+class _NoTensor:
+    """Stands for torch.Tensor while torch is not imported (nothing has this type)."""
 
 
 def normalize_fast(obj: Any, argument: str, writable: bool, host_only: bool, backend: str) -> Any:
     """normalize() plus the host check, with a fast path for the common cases
     (a writable numpy array, a CPU torch tensor)."""
-    global torch_tensor_type
     if type(obj) is not np.ndarray and not is_torch(obj):
         obj = normalize(obj, argument, writable)  # ndarray subclasses come back as they are
     if isinstance(obj, np.ndarray):
         if (writable and not obj.flags.writeable) or obj.dtype.hasobject:
             return normalize(obj, argument, writable)  # raises, naming the argument
         return obj
-    torch_tensor_type = _torch().Tensor
     if host_only and not obj.is_cpu:
         raise ValueError(f"{argument}: {backend} moves host (cpu) tensors only, got one on {obj.device}")
     return obj
@@ -110,7 +110,8 @@ def describe_many(objects: list) -> Spans:
     """describe() of every normalized tensor in ``objects``: natively (one call), or, when
     they are all plain torch tensors, with one map per field (a native call per
     tensor and field through pybind11 costs several times more)."""
-    if objects and type(objects[0]) is torch_tensor_type and set(map(type, objects)) == {torch_tensor_type}:
+    tensor_type = torch_tensor_type()
+    if objects and type(objects[0]) is tensor_type and set(map(type, objects)) == {tensor_type}:
         return _describe_torch_tensors(objects)
     rows = _core.describe_spans(objects)
     for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
@@ -175,3 +176,51 @@ def copy_host_spans(sources: Any, destinations: Any, nbytes: Any) -> None:
     spans[:, 1] = destinations
     spans[:, 2] = nbytes
     _core.copy_spans(spans, default_copy_engine())
+
+
+def sources_as_now(tensors: Sequence[Any], spans: Spans) -> Tuple[List[Any], np.ndarray]:
+    """The sources as they are now (after the caller's writes) and their uint64
+    addresses: non-contiguous ones copied once into contiguous tensors."""
+    objects = list(tensors)
+    addresses = spans.address.astype(np.uint64)
+    for i in np.flatnonzero(~spans.contiguous):
+        objects[i] = contiguous(objects[i])
+        addresses[i] = describe(objects[i]).address
+    return objects, addresses
+
+
+def staged_targets(tensors: Sequence[Any], spans: Spans) -> Tuple[List[Any], np.ndarray, List[Tuple[Any, Any]]]:
+    """The destinations as a transport sees them and their uint64 addresses:
+    non-contiguous ones replaced by contiguous staging, with the (destination,
+    staging) pairs to copy back (:func:`copy_back`) once the bytes arrived."""
+    targets = list(tensors)
+    addresses = spans.address.astype(np.uint64)
+    pending: List[Tuple[Any, Any]] = []
+    for i in np.flatnonzero(~spans.contiguous):
+        staged = empty_like(targets[i])
+        pending.append((targets[i], staged))
+        targets[i] = staged
+        addresses[i] = describe(staged).address
+    return targets, addresses, pending
+
+
+def copy_back(pending: Sequence[Tuple[Any, Any]]) -> None:
+    """Copies each staging tensor into its destination (see :func:`staged_targets`)."""
+    for target, staged in pending:
+        copy_bytes_into(target, staged)
+
+
+def copy_pairs(pairs: Tuple[np.ndarray, np.ndarray], send_tensors: Sequence[Any],
+               recv_tensors: Sequence[Any], send_spans: Spans, recv_spans: Spans) -> None:
+    """Copies each same-rank pair (send row, receive row): natively when both are
+    contiguous host tensors, else through numpy / torch."""
+    sources, targets = pairs
+    moving = send_spans.nbytes[sources] != 0
+    direct = (moving & send_spans.contiguous[sources] & recv_spans.contiguous[targets]
+              & send_spans.host[sources] & recv_spans.host[targets])
+    for k in np.flatnonzero(moving & ~direct):
+        i, j = int(sources[k]), int(targets[k])
+        copy_bytes_into(recv_tensors[j], contiguous(send_tensors[i]))
+    if direct.any():
+        copy_host_spans(send_spans.address[sources[direct]], recv_spans.address[targets[direct]],
+                        send_spans.nbytes[sources[direct]])

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import abc
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 from tensorxfer import _core
+from tensorxfer.errors import ClosedError
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds ``run()`` waits for its peers unless told otherwise."""
@@ -105,6 +107,25 @@ def check_task_id(value: Any) -> Optional[int]:
     return task_id
 
 
+def group_rank_and_size(group: Any) -> Tuple[int, int]:
+    """This process's rank in ``group`` and the group's size.
+
+    ``group``: an object with int ``rank`` / ``world_size`` attributes (a
+    LocalGroup), an mpi4py communicator, a torch.distributed process group, or
+    None: the default torch.distributed group when it is initialized, else a
+    single process (rank 0 of 1)."""
+    if group is not None:
+        rank, size = getattr(group, "rank", None), getattr(group, "world_size", None)
+        if isinstance(rank, int) and isinstance(size, int):
+            return rank, size
+        if callable(getattr(group, "Get_rank", None)):
+            return int(group.Get_rank()), int(group.Get_size())
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank(group)), int(dist.get_world_size(group))
+    return 0, 1
+
+
 class CopyService(abc.ABC):
     """Abstract interface for submitting and executing batched P2P copy operations.
 
@@ -112,27 +133,36 @@ class CopyService(abc.ABC):
     identifier shared by the matching send and recv of one transfer. It is
     required for same-rank (local) matching. ``run()`` executes everything
     submitted since the last run as one batch, then clears the queue (also when
-    it raises). A service is a context manager; ``close()`` releases what the
-    backend holds, and any later call raises ``RuntimeError``.
+    it raises). Only ``submit_send``, ``submit_recv`` and ``run`` are abstract;
+    ``close()`` is a no-op here (backends that hold resources override it, and
+    raise :class:`tensorxfer.ClosedError` when used after it).
+
+    ``group``, ``rank`` and ``world_size`` are attributes the base ``__init__``
+    sets from the group (see :func:`group_rank_and_size`); a subclass whose
+    ``__init__`` skips the base's gets the class defaults (None, 0, 1).
     """
 
     backend_name = "CopyService"
+    group: Any = None
+    rank: int = 0
+    world_size: int = 1
+    #: Whether a caller must barrier the process group after ``run()`` before it
+    #: reuses what the batch read or wrote (upstream's executor does so when True,
+    #: the default). False for a backend whose ``run()`` returns only once every
+    #: transfer of this rank, sent and received, has completed in host memory.
+    requires_process_group_barrier: bool = True
+    _closed = False
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
+        rank, world_size = group_rank_and_size(group)
+        # A subclass may still define rank / world_size as properties (the older API).
+        if not isinstance(getattr(type(self), "rank", None), property):
+            self.rank = rank
+        if not isinstance(getattr(type(self), "world_size", None), property):
+            self.world_size = world_size
         self.send_ops: List[SendOp] = []
         self.recv_ops: List[RecvOp] = []
-        self._closed = False
-
-    @property
-    @abc.abstractmethod
-    def rank(self) -> int:
-        """This process's rank in the service's group."""
-
-    @property
-    @abc.abstractmethod
-    def world_size(self) -> int:
-        """Ranks in the service's group."""
 
     @abc.abstractmethod
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
@@ -147,43 +177,16 @@ class CopyService(abc.ABC):
         """Execute all previously submitted send/recv operations as a single batch."""
 
     def close(self) -> None:
-        """Release backend-owned resources. Idempotent; later calls raise RuntimeError."""
-        self._closed = True
-        self.send_ops = []
-        self.recv_ops = []
+        """Release backend-owned resources. Default no-op; backends that hold resources override it."""
 
     @property
     def closed(self) -> bool:
-        """True once ``close()`` ran."""
+        """True once a backend's ``close()`` ran."""
         return self._closed
 
     def _check_open(self, call: str) -> None:
         if self._closed:
-            raise RuntimeError(f"{self.backend_name}.{call}(): the copy service is closed")
-
-    def _queue_send(self, src_tensor: Any, dest_rank: Any, task_id: Any) -> None:
-        """Checks the arguments of ``submit_send`` and queues the op."""
-        self._check_open("submit_send")
-        if src_tensor is None:
-            raise TypeError("src_tensor: expected a tensor (numpy array or torch tensor), got None")
-        self.send_ops.append(
-            SendOp(check_task_id(task_id), src_tensor, check_rank(dest_rank, self.world_size, "dest_rank"))
-        )
-
-    def _queue_recv(self, dest_tensor: Any, src_rank: Any, task_id: Any) -> None:
-        """Checks the arguments of ``submit_recv`` and queues the op."""
-        self._check_open("submit_recv")
-        if dest_tensor is None:
-            raise TypeError("dest_tensor: expected a tensor (numpy array or torch tensor), got None")
-        self.recv_ops.append(
-            RecvOp(check_task_id(task_id), dest_tensor, check_rank(src_rank, self.world_size, "src_rank"))
-        )
-
-    def _take_ops(self) -> Tuple[List[SendOp], List[RecvOp]]:
-        """The queued ops, leaving the queues empty."""
-        sends, recvs = self.send_ops, self.recv_ops
-        self.send_ops, self.recv_ops = [], []
-        return sends, recvs
+            raise ClosedError(f"{self.backend_name} is closed")
 
     def __enter__(self) -> "CopyService":
         return self
@@ -193,7 +196,7 @@ class CopyService(abc.ABC):
 
     def _queued_counts(self) -> Tuple[int, int]:
         """How many sends and receives are queued."""
-        return len(self.send_ops), len(self.recv_ops)
+        return len(getattr(self, "send_ops", ())), len(getattr(self, "recv_ops", ()))
 
     def __repr__(self) -> str:
         sends, recvs = self._queued_counts()
@@ -203,6 +206,7 @@ class CopyService(abc.ABC):
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "group_rank_and_size",
     "SendOp",
     "RecvOp",
     "CopyService",

@@ -2,18 +2,20 @@
 
 Sends and receives are matched strictly by task id
 (:func:`match_local_ops_by_task_id`) and copied by the native copy engine (GIL
-released) when both sides are contiguous host tensors, else by numpy/torch.
+released) when both sides are contiguous host tensors, else by numpy/torch:
+the submit queue, the matching and the copies are those of the other backends.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from tensorxfer.resharding.copy_services import _tensors
-from tensorxfer.resharding.copy_services.base import CopyService, TaskMismatchError, match_local_ops_by_task_id
+from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
+from tensorxfer.resharding.copy_services._queue import QueuedCopyService
 
 
-class LocalCopyService(CopyService):
+class LocalCopyService(QueuedCopyService):
     """Same-process copies by task id.
 
     ``group``: None means world size 1, rank 0; a torch.distributed process
@@ -23,59 +25,26 @@ class LocalCopyService(CopyService):
     """
 
     backend_name = "LocalCopyService"
+    requires_process_group_barrier = False  # nothing crosses processes
+    host_only = False  # tensors on a device are copied by torch
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)
-        self._rank, self._size = 0, 1
-        try:
-            import sys
-
-            dist = sys.modules.get("torch.distributed")
-            if dist is not None and dist.is_available() and dist.is_initialized():
-                self._rank = dist.get_rank(group)
-                self._size = dist.get_world_size(group)
-        except (ImportError, RuntimeError, ValueError):
-            pass
-        self._send_info: List[_tensors.TensorInfo] = []
-        self._recv_info: List[_tensors.TensorInfo] = []
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 without a process group)."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """1 without a process group, else the group's size."""
-        return self._size
+        self._pattern: Optional[OpPattern] = None
 
     def _check_same_rank(self, rank: Any, argument: str) -> None:
-        if rank != self._rank:
-            raise ValueError(f"{argument}: LocalCopyService copies within rank {self._rank} only, got rank {rank}")
+        if type(rank) is int and rank != self.rank and 0 <= rank < self.world_size:
+            raise ValueError(f"{argument}: LocalCopyService copies within rank {self.rank} only, got rank {rank}")
 
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``src_tensor`` for the receive of the same task id on this rank."""
-        self._check_open("submit_send")
-        tensor = _tensors.normalize(src_tensor, "src_tensor", writable=False)
-        self._queue_send(tensor, dest_rank, task_id)
-        try:
-            self._check_same_rank(self.send_ops[-1].dest_rank, "dest_rank")
-        except ValueError:
-            self.send_ops.pop()
-            raise
-        self._send_info.append(_tensors.describe(tensor))
+        self._check_same_rank(dest_rank, "dest_rank")
+        super().submit_send(src_tensor, dest_rank, task_id)
 
     def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``dest_tensor`` to receive the send of the same task id on this rank."""
-        self._check_open("submit_recv")
-        tensor = _tensors.normalize(dest_tensor, "dest_tensor", writable=True)
-        self._queue_recv(tensor, src_rank, task_id)
-        try:
-            self._check_same_rank(self.recv_ops[-1].src_rank, "src_rank")
-        except ValueError:
-            self.recv_ops.pop()
-            raise
-        self._recv_info.append(_tensors.describe(tensor))
+        self._check_same_rank(src_rank, "src_rank")
+        super().submit_recv(dest_tensor, src_rank, task_id)
 
     def run(self) -> None:
         """Copy every queued send into the receive of the same task id, then clear the queue.
@@ -84,39 +53,18 @@ class LocalCopyService(CopyService):
         when a pair differs in byte size; nothing is copied then.
         """
         self._check_open("run")
-        sends, recvs = self._take_ops()
-        send_info, recv_info = self._send_info, self._recv_info
-        self._send_info, self._recv_info = [], []
-        for index, send in enumerate(sends):
-            send.index = index  # type: ignore[attr-defined]
-        for index, recv in enumerate(recvs):
-            recv.index = index  # type: ignore[attr-defined]
-        pairs = match_local_ops_by_task_id(sends, recvs, self.backend_name, self._rank)
-        for send, recv in pairs:
-            sent, received = send_info[send.index].nbytes, recv_info[recv.index].nbytes
-            if sent != received:
-                raise TaskMismatchError(
-                    f"{self.backend_name}: size mismatch for task_id={send.task_id} on rank {self._rank}: "
-                    f"the local send has {sent} bytes, the local recv {received} bytes"
-                )
-        dst_addresses, src_addresses, sizes = [], [], []
-        for send, recv in pairs:
-            src, dst = send_info[send.index], recv_info[recv.index]
-            if src.nbytes == 0:
-                continue
-            if src.contiguous and dst.contiguous and src.host and dst.host:
-                dst_addresses.append(dst.address)
-                src_addresses.append(src.address)
-                sizes.append(src.nbytes)
-            else:
-                _tensors.copy_bytes_into(recv.tensor, _tensors.contiguous(send.tensor))
-        if sizes:
-            _tensors.copy_host_spans(src_addresses, dst_addresses, sizes)
-
-    def close(self) -> None:
-        """Drop queued ops; later calls raise RuntimeError."""
-        self._send_info, self._recv_info = [], []
-        super().close()
+        sends, recvs = self._take_columns()
+        pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
+        self._pattern = pattern if pattern.match_error is None else None
+        if pattern.match_error is not None:
+            raise pattern.match_error
+        send_spans = _tensors.describe_many(sends[1])
+        recv_spans = _tensors.describe_many(recvs[1])
+        error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
+        if error is not None:
+            raise error
+        if pattern.pairs[0].size:
+            _tensors.copy_pairs(pattern.pairs, sends[1], recvs[1], send_spans, recv_spans)
 
 
 __all__ = ["LocalCopyService"]

@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting, poll_until_done
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
@@ -27,16 +27,17 @@ def _mpi() -> Any:
     return MPI
 
 
-class MpiCopyService(BatchedCopyService):
+class MpiCopyService(MessageCopyService):
     """Batched send/recv by task id over an mpi4py communicator.
 
     ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
     matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
     of the communicator must call ``run()`` for each batch. Host tensors only.
-    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
     """
 
     backend_name = "MpiCopyService"
+    requires_process_group_barrier = False  # run() returns once every send and receive of this rank completed
 
     def __init__(self, comm: Any = None, *, group: Any = None, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  **options: Any) -> None:
@@ -52,23 +53,11 @@ class MpiCopyService(BatchedCopyService):
         self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
         self._user_comm = comm
         self._comm: Any = None  # private duplicate, made by the first run
-        self._rank = comm.Get_rank()
-        self._size = comm.Get_size()
         self._tag_bound = int(comm.Get_attr(MPI.TAG_UB) or 32767) + 1
         super().__init__(comm, timeout=timeout, **options)
 
-    @property
-    def rank(self) -> int:
-        """This process's rank in the communicator."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the communicator."""
-        return self._size
-
     def close(self) -> None:
-        """Free the private communicator; later calls raise RuntimeError."""
+        """Free the private communicator; later calls raise tensorxfer.ClosedError."""
         comm, self._comm = self._comm, None
         if comm is not None and not self._MPI.Is_finalized() and self._broken is None:
             comm.Free()
@@ -90,11 +79,11 @@ class MpiCopyService(BatchedCopyService):
         payload = np.frombuffer(data, np.uint8).copy()
         if fixed:  # one step: every rank sends as many bytes
             count = payload.size
-            everything = np.empty(count * self._size, np.uint8)
+            everything = np.empty(count * self.world_size, np.uint8)
             request = comm.Iallgather([payload, MPI.BYTE], [everything, MPI.BYTE])
-            return [request], lambda: [everything[r * count:(r + 1) * count].tobytes() for r in range(self._size)]
+            return [request], lambda: [everything[r * count:(r + 1) * count].tobytes() for r in range(self.world_size)]
         own_size = np.array([payload.size], np.int64)
-        sizes = np.zeros(self._size, np.int64)
+        sizes = np.zeros(self.world_size, np.int64)
         request = comm.Iallgather([own_size, MPI.INT64_T], [sizes, MPI.INT64_T])
 
         def gather_data() -> Any:
@@ -114,8 +103,7 @@ class MpiCopyService(BatchedCopyService):
     def _new_staging(self, nbytes: int, like: Any) -> Any:
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         MPI = self._MPI
         comm = self._comm
         requests = []
@@ -126,6 +114,11 @@ class MpiCopyService(BatchedCopyService):
             buffer = self._buffer.fromaddress(address, nbytes, readonly=True)
             requests.append(comm.Isend([buffer, nbytes, MPI.BYTE], dest=peer, tag=tag % self._tag_bound))
         return requests
+
+    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+              peers: Optional[List[int]]) -> None:
+        poll_until_done(self._test_all, self._abandon, requests, self._watch, self.backend_name, self.rank,
+                        self.world_size, deadline, timeout, what, peers)
 
     def _test_all(self, requests: List[Any]) -> bool:
         return bool(self._MPI.Request.Testall(requests)) if requests else True

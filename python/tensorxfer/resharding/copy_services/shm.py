@@ -26,17 +26,17 @@ Host tensors only (numpy arrays, CPU torch tensors).
 from __future__ import annotations
 
 import contextlib
-import os
-import struct
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
-from tensorxfer.resharding.copy_services import _planning, _tensors
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services import _ptracer, _tensors
+from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, BatchedCopyService
+from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
+from tensorxfer.resharding.copy_services._shm_plan import FLAG_IN_SEND_BUFFER, ShmPlan, build_shm_plan
 from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 from tensorxfer.runtime.group import LocalGroup
@@ -64,31 +64,6 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
     return LocalGroup.from_torch(group, timeout=timeout), True
 
 
-@dataclass
-class ShmPlan:
-    """This rank's part of a plan, reused while every rank submits the same ops."""
-
-    digests: List[bytes]
-    windows: List[Any]  # non-empty when this rank has remote work (BatchedCopyService runs _execute then)
-    pipeline: Any  # _core.PipelinePlan
-    # Pipeline tasks: schedule task id -> this rank's local op index (sends, receives).
-    pipe_send_ids: np.ndarray
-    pipe_send_local: np.ndarray
-    pipe_recv_ids: np.ndarray
-    pipe_recv_local: np.ndarray
-    # Direct tasks (read by the receiver from the sender's memory: its shared send
-    # buffer, else by cross-memory attach). any_direct: whether any rank has one (every
-    # rank then takes part in the address exchange); this rank's (task ids, local op
-    # indices) as sender, and as receiver with each task's source rank.
-    any_direct: bool
-    direct_send_ids: np.ndarray
-    direct_send_local: np.ndarray
-    direct_recv_ids: np.ndarray
-    direct_recv_local: np.ndarray
-    direct_recv_src: np.ndarray
-    staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
-
-
 class ShmCopyService(BatchedCopyService):
     """Batched send/recv among the ranks of one host through shared memory.
 
@@ -102,43 +77,56 @@ class ShmCopyService(BatchedCopyService):
     """
 
     backend_name = "ShmCopyService"
+    # run() ends with the executor's group barrier whenever any rank moved bytes.
+    requires_process_group_barrier = False
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
                  cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES, buffer_bytes: int = 0) -> None:
-        local, self._owns_group = as_local_group(group, timeout)
-        self._local = local
-        super().__init__(group, timeout=timeout)
         if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
             raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
         if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
             raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
         if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
             raise ValueError(f"buffer_bytes: expected an integer >= 0, got {buffer_bytes!r}")
+        if cma_min_bytes is not None and (isinstance(cma_min_bytes, bool) or not isinstance(cma_min_bytes, int)
+                                          or cma_min_bytes < 0):
+            raise ValueError(f"cma_min_bytes: expected an integer >= 0 or None, got {cma_min_bytes!r}")
         self.slot_nbytes = slot_nbytes
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
-        self._engine = default_copy_engine()
-        pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
-        # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
-        self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
         self.buffer_bytes = buffer_bytes
         self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
-        self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
-        self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
-        self._pids, self.cma_pairs = self._probe_cross_memory_attach(timeout)
+        self._memory: Optional[IpcMemory] = None
+        self._ptracer_grant: Optional[int] = None
+        self._pids: List[int] = []
+        local, self._owns_group = as_local_group(group, timeout)
+        self._local = local
+        try:
+            # Compares the plan-shaping options on every rank before anything is mapped.
+            super().__init__(group, timeout=timeout)
+            self.rank, self.world_size = local.rank, local.world_size
+            self._engine = default_copy_engine()
+            pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
+            # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
+            self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
+            self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
+            self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
+            self.cma_pairs, self._pids, self._ptracer_grant = probe_cross_memory_attach(
+                local, self.cma_min_bytes is not None, timeout)
+        except BaseException:
+            # Released now, not by the collector: peers waiting on this rank see it leave.
+            self._release()
+            raise
 
-    # ---- group ---------------------------------------------------------------------
+    def _native_memory(self) -> IpcMemory:
+        assert self._memory is not None  # set by a constructor that returned
+        return self._memory
 
-    @property
-    def rank(self) -> int:
-        """This process's rank in the group."""
-        return self._local.rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the group."""
-        return self._local.world_size
+    def _plan_options(self) -> Dict[str, Optional[int]]:
+        return {**super()._plan_options(), "slot_nbytes": self.slot_nbytes,
+                "max_tasks_per_batch": self.max_tasks_per_batch, "cma_min_bytes": self.cma_min_bytes,
+                "buffer_bytes": self.buffer_bytes}
 
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
@@ -152,39 +140,32 @@ class ShmCopyService(BatchedCopyService):
         Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
-        region = self._memory._native.region(self.rank)
+        region = self._native_memory()._native.region(self.rank)
         start = self._buffer_offset
         return typed_view(region[start:start + self.buffer_bytes], dtype, shape, "ShmCopyService.buffer")
 
     def close(self) -> None:
-        """Unmaps the slots and (if this service made it) leaves the group."""
+        """Unmaps the slots, takes back the ptrace permission and (if this service made
+        it) leaves the group."""
         if not self._closed:
-            del self._executor  # the native executor before the memory it points into
-            self._memory.close()
-            if self._owns_group:
-                self._local.close()
+            self._release()
         super().close()
 
-    def _probe_cross_memory_attach(self, timeout: Optional[float]) -> Tuple[List[int], np.ndarray]:
-        """Every rank's pid as seen by its peers, and cma_pairs[src, dst]: whether
-        dst may read src's memory (the kernel permits it and dst can name src)."""
-        _core.allow_memory_readers()
-        token = np.frombuffer(os.urandom(16), np.uint8).copy()
-        self._probe_token = token  # stays alive (and where it is) while peers read it
-        mine = struct.pack("<qQ", os.getpid(), token.ctypes.data) + token.tobytes()
-        gathered = self._local.all_gather_bytes(mine, timeout)
-        pids = []
-        readable = np.zeros(self.world_size, np.uint8)
-        for peer, data in enumerate(gathered):
-            pid, address = struct.unpack_from("<qQ", data)
-            pids.append(pid)
-            if peer != self.rank:
-                readable[peer] = _core.probe_process_memory(pid, address, bytes(data[16:32]))
-        answers = self._local.all_gather_bytes(readable.tobytes(), timeout)
-        pairs = np.zeros((self.world_size, self.world_size), bool)
-        for dst, data in enumerate(answers):
-            pairs[:, dst] = np.frombuffer(data, np.uint8).astype(bool)
-        return pids, pairs
+    def _release(self) -> None:
+        self.__dict__.pop("_executor", None)  # the native executor before the memory it points into
+        if self._memory is not None:
+            self._memory.close()
+        _ptracer.release(self._ptracer_grant)
+        self._ptracer_grant = None
+        if self._owns_group:
+            self._local.close()
+
+    def _on_broken(self) -> None:
+        # Peers may still wait in a barrier of this group: leaving it (when this service
+        # made it) makes them fail now rather than at their timeout. A group the caller
+        # passed must be closed by the caller (see LocalGroup.barrier).
+        if self._owns_group:
+            self._local.close()
 
     # ---- transport of the shared run() ------------------------------------------------
 
@@ -199,26 +180,16 @@ class ShmCopyService(BatchedCopyService):
             raise TimeoutError(f"{self.backend_name}: rank {self.rank} timed out in {what}; a peer did not call run() "
                                f"or stalled: {error}") from error
 
-    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], List[bytes]]]:
+    def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._group_wait("the all-gather of the batch's metadata"):
-            gathered = self._local.all_gather_bytes(data, self.timeout)
-        return [], lambda: list(gathered)
-
-    def _new_staging(self, nbytes: int, like: Any) -> Any:
-        return np.empty(nbytes, np.uint8)
-
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
-        raise AssertionError("ShmCopyService moves bytes in _execute, not by posting messages")
-
-    def _test_all(self, requests: List[Any]) -> bool:
-        return True
+            return list(self._local.all_gather_bytes(data, remaining))
 
     # ---- planning -----------------------------------------------------------------------
 
     def _send_buffer_start(self) -> np.uint64:
         """Where this rank's send buffer starts, in its own address space."""
-        return np.uint64(int(self._memory.remote_data[self.rank]) + self._buffer_offset)
+        return np.uint64(int(self._native_memory().remote_data[self.rank]) + self._buffer_offset)
 
     def _in_send_buffer(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Whether each [address, address + nbytes) lies wholly in this rank's send buffer."""
@@ -230,45 +201,11 @@ class ShmCopyService(BatchedCopyService):
         if self.buffer_bytes == 0:
             return None
         inside = spans.contiguous[rows] & self._in_send_buffer(spans.address[rows], spans.nbytes[rows])
-        return inside.astype(np.int64) * _planning.FLAG_IN_SEND_BUFFER
+        return inside.astype(np.int64) * FLAG_IN_SEND_BUFFER
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
-        empty = np.zeros((0, _planning.COLUMNS), np.int64)
-        all_sends = np.concatenate([s for s, _ in tables]) if tables else empty
-        all_recvs = np.concatenate([r for _, r in tables]) if tables else empty
-        sends, recvs = _planning.match(self.backend_name, all_sends, all_recvs)
-        me = self.rank
-        count = sends.shape[0]
-        ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
-        src, dst, nbytes = sends[:, _planning.SRC], sends[:, _planning.DST], sends[:, _planning.NBYTES]
-        # Direct: sources in the sender's send buffer (any size), and large ones
-        # where cross-memory attach is permitted; the rest goes through the pipeline.
-        direct = (sends[:, _planning.FLAGS] & _planning.FLAG_IN_SEND_BUFFER) != 0
-        if self.cma_min_bytes is not None and count:
-            direct |= (nbytes >= self.cma_min_bytes) & self.cma_pairs[src, dst]
-        direct &= nbytes > 0
-        pipe = ~direct & (nbytes > 0)
-        rows = np.stack([ids[pipe], nbytes[pipe], src[pipe], dst[pipe]], axis=1) if count else np.zeros((0, 4), np.int64)
-        pipeline = _core.plan_pipeline(rows, self.world_size, self.slot_nbytes, self.max_tasks_per_batch, me)
-        mine_send = pipe & (src == me)
-        mine_recv = pipe & (dst == me)
-        # Every rank takes part in the executor's barriers (and the address exchange)
-        # when any rank has something to move, so the condition is global.
-        return ShmPlan(
-            digests=digests,
-            windows=[True] if (pipeline.num_iterations or direct.any()) else [],
-            pipeline=pipeline,
-            pipe_send_ids=ids[mine_send].astype(np.uint64),
-            pipe_send_local=sends[mine_send, _planning.LOCAL_INDEX],
-            pipe_recv_ids=ids[mine_recv].astype(np.uint64),
-            pipe_recv_local=recvs[mine_recv, _planning.LOCAL_INDEX],
-            any_direct=bool(direct.any()),
-            direct_send_ids=ids[direct & (src == me)],
-            direct_send_local=sends[direct & (src == me), _planning.LOCAL_INDEX],
-            direct_recv_ids=ids[direct & (dst == me)],
-            direct_recv_local=recvs[direct & (dst == me), _planning.LOCAL_INDEX],
-            direct_recv_src=src[direct & (dst == me)],
-        )
+        return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
+                              self.max_tasks_per_batch, self.cma_min_bytes, self.cma_pairs)
 
     # ---- execution ----------------------------------------------------------------------
 
@@ -277,24 +214,18 @@ class ShmCopyService(BatchedCopyService):
                  timeout: Optional[float]) -> None:
         # Sources as they are now (non-contiguous ones copied once); destinations as
         # the copies see them (non-contiguous ones staged, copied back at the end).
-        send_objects = list(send_tensors)
-        send_addresses = send_spans.address.astype(np.uint64)
-        for i in np.flatnonzero(~send_spans.contiguous):
-            send_objects[i] = _tensors.contiguous(send_objects[i])
-            send_addresses[i] = _tensors.describe(send_objects[i]).address
-        recv_targets = list(recv_tensors)
-        recv_addresses = recv_spans.address.astype(np.uint64)
-        copy_back = []
-        for i in np.flatnonzero(~recv_spans.contiguous):
-            staged = _tensors.empty_like(recv_targets[i])
-            copy_back.append((recv_targets[i], staged))
-            recv_targets[i] = staged
-            recv_addresses[i] = _tensors.describe(staged).address
-
+        kept_alive, send_addresses = _tensors.sources_as_now(send_tensors, send_spans)  # read until the end
+        recv_targets, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         if plan.any_direct:
             with self._group_wait("the direct reads"):
-                self._read_directly(plan, send_addresses, send_spans.nbytes, recv_targets, recv_addresses,
-                                    recv_spans.nbytes, timeout)
+                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
+            failure: Optional[Exception] = None
+            try:
+                self._read_directly(plan, published, recv_targets, recv_addresses, recv_spans.nbytes)
+            except Exception as error:  # agreed below: no rank goes on to the executor's barriers
+                failure = error
+            with self._group_wait("the direct reads"):
+                self._agree_on_step("its direct reads", failure, deadline, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
         self._executor.set_task_memory(
             plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
@@ -306,17 +237,16 @@ class ShmCopyService(BatchedCopyService):
         finally:
             empty = np.zeros(0, np.uint64)
             self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
-        for target, staged in copy_back:
-            _tensors.copy_bytes_into(target, staged)
+        _tensors.copy_back(pending)
 
-    def _read_directly(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
-                       recv_targets: List[Any], recv_addresses: np.ndarray, recv_nbytes: np.ndarray,
-                       timeout: Optional[float]) -> None:
-        """Receivers read direct tasks straight from their senders' memory: from a
-        sender's shared send buffer with a plain copy, else by cross-memory attach."""
-        published = self._exchange_direct_addresses(plan, send_addresses, send_nbytes, timeout)
+    def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_targets: List[Any],
+                       recv_addresses: np.ndarray, recv_nbytes: np.ndarray) -> None:
+        """Receivers read direct tasks straight from their senders' memory (``published``:
+        see _exchange_direct_addresses): from a sender's shared send buffer with a
+        plain copy, else by cross-memory attach."""
         if plan.direct_recv_ids.size == 0:
             return
+        published = self._published_for_receives(plan, published)
         sources = plan.direct_recv_src
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
         from_buffer = published[:, 2] != _NOT_IN_BUFFER
@@ -328,7 +258,7 @@ class ShmCopyService(BatchedCopyService):
             if np.any(offsets > limit) or np.any(sizes > limit - offsets):
                 raise RuntimeError(f"{self.backend_name}: a peer published a task past its "
                                    f"{self.buffer_bytes}-byte send buffer")
-            regions = np.array(self._memory.remote_data, np.uint64) + np.uint64(self._buffer_offset)
+            regions = np.array(self._native_memory().remote_data, np.uint64) + np.uint64(self._buffer_offset)
             spans = np.stack([regions[sources[from_buffer]] + offsets,
                               recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
             _core.copy_spans(np.ascontiguousarray(spans), self._engine)
@@ -344,16 +274,19 @@ class ShmCopyService(BatchedCopyService):
     def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
                                    timeout: Optional[float]) -> np.ndarray:
         """Publishes where each of this rank's direct sends is -- (task, address, offset
-        in the send buffer or _NOT_IN_BUFFER) -- and returns the rows published for
-        this rank's direct receives, in plan.direct_recv_ids order."""
+        in the send buffer or _NOT_IN_BUFFER) -- and returns every rank's rows, by task."""
         addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
         inside = self._in_send_buffer(addresses, send_nbytes[plan.direct_send_local])
         offsets = np.where(inside, addresses - self._send_buffer_start(), _NOT_IN_BUFFER)
         table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
+        deadline = None if timeout is None else time.monotonic() + timeout
         gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
-                    for data in self._local.all_gather_bytes(table.tobytes(), timeout)]
+                    for data in self._all_gather(_STEP_DIRECT_ADDRESSES, table.tobytes(), deadline, timeout)]
         rows = np.concatenate(gathered)
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        return rows[np.argsort(rows[:, 0], kind="stable")]
+
+    def _published_for_receives(self, plan: ShmPlan, rows: np.ndarray) -> np.ndarray:
+        """The published rows of this rank's direct receives, in plan.direct_recv_ids order."""
         wanted = plan.direct_recv_ids.astype(np.uint64)
         where = np.searchsorted(rows[:, 0], wanted)
         if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, max(rows.shape[0] - 1, 0)), 0] != wanted):

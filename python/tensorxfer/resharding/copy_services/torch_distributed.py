@@ -19,20 +19,22 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services._batched import BatchedCopyService
+from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
-class TorchDistributedCopyService(BatchedCopyService):
+class TorchDistributedCopyService(MessageCopyService):
     """Batched send/recv by task id over a torch.distributed process group.
 
     ``group``: a process group; None = the default group (which must be
     initialized). Ranks are ranks of ``group``. Every rank of the group must
     call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
-    See :class:`BatchedCopyService` for ``timeout`` and the window options.
+    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
     """
 
     backend_name = "TorchDistributedCopyService"
+    #: True unless the group is gloo (see __init__): nccl's wait() is stream-ordered.
+    requires_process_group_barrier = True
     host_only = False
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT, **options: Any) -> None:
@@ -47,22 +49,14 @@ class TorchDistributedCopyService(BatchedCopyService):
         self._torch = torch
         self._dist = dist
         self._process_group = group if group is not None else dist.group.WORLD
-        self._rank = dist.get_rank(self._process_group)
-        if self._rank < 0:
+        if dist.get_rank(self._process_group) < 0:
             raise ValueError("group: this process is not a member of the given process group")
-        self._size = dist.get_world_size(self._process_group)
-        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(self._size)]
+        size = dist.get_world_size(self._process_group)
+        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(size)]
+        # nccl's wait() only orders the caller's CUDA stream after the transfer; gloo's
+        # returns once the bytes are in host memory.
+        self.requires_process_group_barrier = "gloo" not in str(dist.get_backend(self._process_group)).lower()
         super().__init__(group, timeout=timeout, **options)
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in the group."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the group."""
-        return self._size
 
     def _metadata_device(self) -> Any:
         backend = str(self._dist.get_backend(self._process_group)).lower()
@@ -77,11 +71,11 @@ class TorchDistributedCopyService(BatchedCopyService):
         device = self._metadata_device()
         payload = torch.from_numpy(np.frombuffer(data, np.uint8).copy()).to(device)
         if fixed:  # one step: every rank sends as many bytes
-            everything = [torch.empty_like(payload) for _ in range(self._size)]
+            everything = [torch.empty_like(payload) for _ in range(self.world_size)]
             work = dist.all_gather(everything, payload, group=self._process_group, async_op=True)
             return [work], lambda: [output.cpu().numpy().tobytes() for output in everything]
         own_size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self._size)]
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
         work = dist.all_gather(sizes, own_size, group=self._process_group, async_op=True)
 
         def gather_data() -> Any:
@@ -89,7 +83,7 @@ class TorchDistributedCopyService(BatchedCopyService):
             longest = max(counts)
             padded = torch.zeros(longest, dtype=torch.uint8, device=device)
             padded[: payload.numel()] = payload
-            outputs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(self._size)]
+            outputs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(self.world_size)]
             second = dist.all_gather(outputs, padded, group=self._process_group, async_op=True)
 
             def split() -> List[bytes]:
@@ -111,8 +105,7 @@ class TorchDistributedCopyService(BatchedCopyService):
             flat = flat.view(self._torch.uint8)
         return flat[:nbytes]
 
-    def _post(self, sends: Sequence[Tuple[int, int, Any, int, int]],
-              recvs: Sequence[Tuple[int, int, Any, int, int]]) -> List[Any]:
+    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         dist = self._dist
         operations = []
         for peer, tag, tensor, _, nbytes in recvs:
@@ -125,11 +118,6 @@ class TorchDistributedCopyService(BatchedCopyService):
             return []
         return list(dist.batch_isend_irecv(operations))
 
-    def _test_all(self, requests: List[Any]) -> bool:
-        # gloo point-to-point work reports completion only from wait(), so this
-        # backend overrides _wait and never polls.
-        raise AssertionError("TorchDistributedCopyService waits with _wait, not by polling")
-
     def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
               peers: Optional[List[int]]) -> None:
         for work in requests:
@@ -141,19 +129,19 @@ class TorchDistributedCopyService(BatchedCopyService):
                     work.wait(datetime.timedelta(seconds=remaining))
             except RuntimeError as error:
                 text = str(error)
-                dead = [p for p in range(self._size) if p != self._rank and self._watch is not None
+                dead = [p for p in range(self.world_size) if p != self.rank and self._watch is not None
                         and self._watch.is_dead(p)]
                 if dead:
                     raise PeerLostError(f"{self.backend_name}: rank {dead[0]} died during {what} "
-                                        f"(rank {self._rank}): {text}") from error
+                                        f"(rank {self.rank}): {text}") from error
                 if "Timed out" in text or "timed out" in text or "Timeout" in text:
                     waiting_on = "every rank" if peers is None else f"ranks {peers}"
                     raise TimeoutError(
-                        f"{self.backend_name}: rank {self._rank} waited {timeout:g} s for {what} with "
+                        f"{self.backend_name}: rank {self.rank} waited {timeout:g} s for {what} with "
                         f"{waiting_on}; a peer did not call run() or stalled ({text})"
                     ) from error
                 if "closed" in text or "reset" in text or "Broken pipe" in text:
-                    raise PeerLostError(f"{self.backend_name}: a peer of rank {self._rank} was lost during "
+                    raise PeerLostError(f"{self.backend_name}: a peer of rank {self.rank} was lost during "
                                         f"{what}: {text}") from error
                 raise
 

@@ -1,0 +1,81 @@
+"""The shm backend's plan: which tasks the receiver reads directly, and the pipeline's schedule for the rest (private)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tensorxfer import _core
+from tensorxfer.resharding.copy_services.planning import matching
+
+#: In an op table's FLAGS: the send's source lies in the sender's shared send buffer.
+FLAG_IN_SEND_BUFFER = 1
+
+
+@dataclass
+class ShmPlan:
+    """This rank's part of a plan, reused while every rank submits the same ops."""
+
+    digests: List[bytes]
+    # Whether any rank moves bytes: every rank then takes part in the executor's barriers.
+    has_remote_work: bool
+    pipeline: Any  # _core.PipelinePlan
+    # Pipeline tasks: schedule task id -> this rank's local op index (sends, receives).
+    pipe_send_ids: np.ndarray
+    pipe_send_local: np.ndarray
+    pipe_recv_ids: np.ndarray
+    pipe_recv_local: np.ndarray
+    # Direct tasks (read by the receiver from the sender's memory: its shared send
+    # buffer, else by cross-memory attach). any_direct: whether any rank has one (every
+    # rank then takes part in the address exchange); this rank's (task ids, local op
+    # indices) as sender, and as receiver with each task's source rank.
+    any_direct: bool
+    direct_send_ids: np.ndarray
+    direct_send_local: np.ndarray
+    direct_recv_ids: np.ndarray
+    direct_recv_local: np.ndarray
+    direct_recv_src: np.ndarray
+    staging: Dict[Tuple[str, int], object] = field(default_factory=dict)
+
+
+def build_shm_plan(backend: str, me: int, world_size: int, tables: Sequence[Tuple[np.ndarray, np.ndarray]],
+                   digests: List[bytes], slot_nbytes: int, max_tasks_per_batch: int, cma_min_bytes: Optional[int],
+                   cma_pairs: np.ndarray) -> ShmPlan:
+    """This rank's plan from every rank's op tables (the same input on every rank): direct
+    tasks (sources in the sender's send buffer, any size; large ones where cross-memory
+    attach is permitted) and the pipeline's schedule for the rest."""
+    sends, recvs = matching.match_tables(backend, tables)
+    count = sends.shape[0]
+    ids = np.arange(count, dtype=np.int64)  # the schedule's task ids: key order, the same on every rank
+    src, dst, nbytes = sends[:, matching.SRC], sends[:, matching.DST], sends[:, matching.NBYTES]
+    # Direct: sources in the sender's send buffer (any size), and large ones
+    # where cross-memory attach is permitted; the rest goes through the pipeline.
+    direct = (sends[:, matching.FLAGS] & FLAG_IN_SEND_BUFFER) != 0
+    if cma_min_bytes is not None and count:
+        direct |= (nbytes >= cma_min_bytes) & cma_pairs[src, dst]
+    direct &= nbytes > 0
+    pipe = ~direct & (nbytes > 0)
+    rows = np.stack([ids[pipe], nbytes[pipe], src[pipe], dst[pipe]], axis=1) if count else np.zeros((0, 4), np.int64)
+    pipeline = _core.plan_pipeline(rows, world_size, slot_nbytes, max_tasks_per_batch, me)
+    mine_send = pipe & (src == me)
+    mine_recv = pipe & (dst == me)
+    # Every rank takes part in the executor's barriers (and the address exchange)
+    # when any rank has something to move, so the condition is global.
+    return ShmPlan(
+        digests=digests,
+        has_remote_work=bool(pipeline.num_iterations or direct.any()),
+        pipeline=pipeline,
+        pipe_send_ids=ids[mine_send].astype(np.uint64),
+        pipe_send_local=sends[mine_send, matching.LOCAL_INDEX],
+        pipe_recv_ids=ids[mine_recv].astype(np.uint64),
+        pipe_recv_local=recvs[mine_recv, matching.LOCAL_INDEX],
+        any_direct=bool(direct.any()),
+        direct_send_ids=ids[direct & (src == me)],
+        direct_send_local=sends[direct & (src == me), matching.LOCAL_INDEX],
+        direct_recv_ids=ids[direct & (dst == me)],
+        direct_recv_local=recvs[direct & (dst == me), matching.LOCAL_INDEX],
+        direct_recv_src=src[direct & (dst == me)],
+    )
+
