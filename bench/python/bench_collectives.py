@@ -139,6 +139,8 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
         module.initialize(world, rank)
         deepspeed_ok = True
     comm = Communicator(group)
+    # --max-bytes: the same numpy calls through communicators with other chunk sizes, to choose the default.
+    chunked = {size: Communicator(group, max_bytes=size) for size in config["max_bytes"]}
 
     def agree(value: int) -> int:
         return int(group.all_gather_bytes(str(value).encode(), timeout=120)[0])
@@ -154,6 +156,9 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
             ops: dict[str, Callable[[], Any]] = {}
             if TX_NUMPY in variants and array is not None:
                 ops[TX_NUMPY] = lambda a=array: comm.all_reduce(a)
+            for size, other in chunked.items():
+                if array is not None:
+                    ops[f"{TX_NUMPY}, max_bytes {size_name(size)}"] = lambda a=array, c=other: c.all_reduce(a)
             if TX_TORCH in variants:
                 ops[TX_TORCH] = lambda t=tensors[TX_TORCH]: comm.all_reduce(t)
             if deepspeed_ok:
@@ -161,7 +166,7 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
             if dist is not None:
                 ops[GLOO] = lambda t=tensors[GLOO]: dist.all_reduce(t)
             for name, op in ops.items():  # every op really sums: rank+1 everywhere
-                target = array if name == TX_NUMPY else tensors[name]
+                target = array if name.startswith(TX_NUMPY) else tensors[name]
                 target[:] = rank + 1
                 op()
                 got, expected = float(target[count - 1]), world * (world + 1) / 2
@@ -179,6 +184,8 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
             results[f"{dtype_name}/{nbytes}"] = samples
     group.barrier(timeout=120)
     comm.close()
+    for other in chunked.values():
+        other.close()
     if dist is not None:
         dist.destroy_process_group()
     return results if rank == 0 else None
@@ -223,7 +230,8 @@ def spawn_launch(world: int, args: argparse.Namespace, deepspeed_cache: Optional
     config = {"group": f"bench-coll-{os.getpid()}-{world}", "port": port, "variants": variants,
               "extra": [BARRIER_VARIANT] if "barrier" in args.variants else [],
               "dtypes": args.dtypes, "sizes": [parse_size(s) for s in args.sizes], "repeats": args.repeats,
-              "loop_seconds": loop_seconds(args), "deepspeed_cache": str(deepspeed_cache)}
+              "loop_seconds": loop_seconds(args), "deepspeed_cache": str(deepspeed_cache),
+              "max_bytes": [parse_size(m) for m in args.max_bytes]}
     # What mp.spawn / torchrun give each rank, and DeepSpeed's op reads (it maps only when
     # LOCAL_SIZE == world size; its segment names come from MASTER_ADDR/MASTER_PORT).
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_SIZE": str(world),
@@ -311,6 +319,7 @@ def build_report(results: dict[tuple[int, str], dict], args: argparse.Namespace,
                                 f"{nbytes / m.value / 1e3:.2f}"))
             pairs = [(TX_NUMPY, DEEPSPEED), (TX_TORCH, DEEPSPEED), (TX_TORCH, GLOO), ("tensorxfer numpy (mpirun)",
                                                                                     "mpi")]
+            pairs += [(variant, DEEPSPEED) for variant in per_variant if variant.startswith(f"{TX_NUMPY}, max_bytes")]
             for candidate, baseline in pairs:
                 if candidate in per_variant and baseline in per_variant:
                     report.compare(case, "time per all-reduce", candidate, baseline,
@@ -329,6 +338,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help=f"DeepSpeed sdist cache (default ${_deepspeed_shm.CACHE_ENV} or "
                              "~/.cache/tensorxfer/bench-deepspeed); downloaded there when missing")
     parser.add_argument("--no-download", action="store_true", help="never download the DeepSpeed sdist")
+    parser.add_argument("--max-bytes", nargs="*", default=[],
+                        help="also time numpy calls through Communicators with these chunk sizes (1M, 64M, ...) "
+                             "beside the default one (to choose the default)")
     parser.add_argument("--quick", action="store_true", help="short loops (smoke test)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory for collectives.json / .png")
     parser.add_argument("--launch-timeout", type=float, default=1800)
