@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -535,6 +535,10 @@ def allow_memory_readers() -> bool:
     """
     Lets this user's other processes read this one's memory under Yama ptrace_scope 1.
     """
+def best_half_kernels() -> str:
+    """
+    The kernel set the collectives use on this CPU.
+    """
 def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
 def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
@@ -568,6 +572,10 @@ def current_numa_node() -> int:
 def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
     """
     (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
+    """
+def half_kernel_sets() -> list[str]:
+    """
+    Names of the half-precision kernel sets this CPU runs, narrowest first.
     """
 def huge_page_size() -> int:
     """
@@ -628,6 +636,10 @@ def probe_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address
 def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, dst: typing.Any, engine: CopyEngine) -> None:
     """
     Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).
+    """
+def reduce_elements(dtype: str, op: str, sources: collections.abc.Sequence[typing.Any], out: typing.Any, divisor: typing.SupportsInt | typing.SupportsIndex, kernels: str = 'auto') -> None:
+    """
+    out = op(sources...) elementwise, in source order, as the collectives reduce (dtype 'bfloat16' or 'float16' reads uint16 buffers as that type; otherwise out's dtype).
     """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...
