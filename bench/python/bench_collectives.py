@@ -146,7 +146,16 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
         return int(group.all_gather_bytes(str(value).encode(), timeout=120)[0])
 
     results: dict[str, dict[str, list[float]]] = {}
-    for dtype_name in config["dtypes"]:
+    if config["interleave_dtypes"]:  # half vs float32 bytes per second, in the same loops
+        for nbytes in config["sizes"]:
+            mixed: dict[str, Callable[[], Any]] = {}
+            for dtype_name in config["dtypes"]:
+                tensor = torch.zeros(nbytes // torch.empty((), dtype=getattr(torch, dtype_name)).element_size(),
+                                     dtype=getattr(torch, dtype_name))
+                mixed[f"{TX_TORCH} {dtype_name}"] = lambda t=tensor: comm.all_reduce(t)
+            results[f"mixed/{nbytes}"] = measure_case(mixed, group.barrier, agree, config["repeats"],
+                                                      config["loop_seconds"], None)
+    for dtype_name in config["dtypes"] if not config["interleave_dtypes"] else []:
         torch_dtype = getattr(torch, dtype_name)
         numpy_dtype = None if dtype_name == "bfloat16" else np.dtype(dtype_name)
         for nbytes in config["sizes"]:
@@ -231,7 +240,7 @@ def spawn_launch(world: int, args: argparse.Namespace, deepspeed_cache: Optional
               "extra": [BARRIER_VARIANT] if "barrier" in args.variants else [],
               "dtypes": args.dtypes, "sizes": [parse_size(s) for s in args.sizes], "repeats": args.repeats,
               "loop_seconds": loop_seconds(args), "deepspeed_cache": str(deepspeed_cache),
-              "max_bytes": [parse_size(m) for m in args.max_bytes]}
+              "max_bytes": [parse_size(m) for m in args.max_bytes], "interleave_dtypes": args.interleave_dtypes}
     # What mp.spawn / torchrun give each rank, and DeepSpeed's op reads (it maps only when
     # LOCAL_SIZE == world size; its segment names come from MASTER_ADDR/MASTER_PORT).
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_SIZE": str(world),
@@ -320,6 +329,11 @@ def build_report(results: dict[tuple[int, str], dict], args: argparse.Namespace,
             pairs = [(TX_NUMPY, DEEPSPEED), (TX_TORCH, DEEPSPEED), (TX_TORCH, GLOO), ("tensorxfer numpy (mpirun)",
                                                                                     "mpi")]
             pairs += [(variant, DEEPSPEED) for variant in per_variant if variant.startswith(f"{TX_NUMPY}, max_bytes")]
+            if dtype == "mixed" and f"{TX_TORCH} float32" in per_variant:
+                for half in ("bfloat16", "float16"):  # same bytes: the time ratio is the bandwidth ratio
+                    if f"{TX_TORCH} {half}" in per_variant:
+                        report.compare(case, "time per all-reduce", f"{TX_TORCH} {half}", f"{TX_TORCH} float32",
+                                       target=0.8)
             for candidate, baseline in pairs:
                 if candidate in per_variant and baseline in per_variant:
                     report.compare(case, "time per all-reduce", candidate, baseline,
@@ -341,6 +355,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--max-bytes", nargs="*", default=[],
                         help="also time numpy calls through Communicators with these chunk sizes (1M, 64M, ...) "
                              "beside the default one (to choose the default)")
+    parser.add_argument("--interleave-dtypes", action="store_true",
+                        help="instead of the comparison: torch calls of every --dtypes interleaved per size "
+                             "(half-precision bytes per second against float32's)")
     parser.add_argument("--quick", action="store_true", help="short loops (smoke test)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory for collectives.json / .png")
     parser.add_argument("--launch-timeout", type=float, default=1800)
@@ -375,7 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for world in args.ranks:
             if set(args.variants) & {"numpy", "torch", "deepspeed", "gloo", "barrier"}:
                 results[(world, "spawn")] = spawn_launch(world, args, deepspeed_cache)
-            if "mpi" in args.variants and "float32" in args.dtypes:
+            if "mpi" in args.variants and "float32" in args.dtypes and not args.interleave_dtypes:
                 results[(world, "mpirun")] = mpi_launch(world, args, Path(scratch) / f"mpi{world}.json")
     load_after = os.getloadavg()[0]
     if load_after > info["cpus"] / 2:
