@@ -33,6 +33,11 @@ TEST(SpinPolicyTest, StandardSpinsMillisecondsWhileTheWaitersFitTheCpus) {
   EXPECT_THROW(SpinPolicy::standard(0), InvalidArgument);
 }
 
+TEST(SpinPolicyTest, OnlyTheStandardPolicyPausesBeforeItYields) {
+  EXPECT_EQ(SpinPolicy::standard(1).pause_only(), SpinPolicy::kPauseOnly);
+  EXPECT_EQ(SpinPolicy::fixed(20us).pause_only(), 0ns);  // short fixed spins yield from the start
+}
+
 TEST(SpinPolicyTest, StandardSleepsAtOnceWhenTheWaitersOutnumberTheCpus) {
   EXPECT_EQ(SpinPolicy::standard(usable_cpus() + 1).budget(), 0ns);
   EXPECT_EQ(SpinPolicy::standard(4 * usable_cpus()).budget(), 0ns);

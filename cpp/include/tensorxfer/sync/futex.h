@@ -30,9 +30,6 @@ enum class WaitStatus { kReady, kTimedOut };
 // The longest a waiter sleeps or spins before running its watch callback (peer
 // liveness, the WaitHook). Ctrl-C therefore ends a wait within about this long.
 inline constexpr std::chrono::milliseconds kWatchSlice{20};
-// A spin only pauses this long before it starts offering the CPU (sched_yield)
-// now and then: a peer that answers at once is caught without a system call.
-inline constexpr std::chrono::microseconds kPauseOnlySpin{50};
 
 // How a futex sleep ended.
 enum class FutexWaitEnd {
@@ -67,8 +64,8 @@ struct EventCount {
   void notify_all() noexcept;
 
   // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut):
-  // spins for spin.budget() (pause; after kPauseOnlySpin also yielding the CPU
-  // now and then), then sleeps until notified. ready(): bool, cheap, may change
+  // spins for spin.budget() (pause; after spin.pause_only() also yielding the
+  // CPU now and then), then sleeps until notified. ready(): bool, cheap, may change
   // shared state (e.g. claim a slot) when it returns true. watch(): called at
   // least every kWatchSlice while sleeping or spinning and once more before
   // timing out; it may throw (e.g. PeerLost, or a WaitHook's exception) to end
@@ -80,9 +77,11 @@ struct EventCount {
  private:
   uint32_t prepare_wait() noexcept;
   void cancel_wait() noexcept;
-  // Spins until ready() or `until`, watching every kWatchSlice; `now` is kept current.
+  // Spins until ready() or `until`, yielding now and then after `pause_only`,
+  // watching every kWatchSlice; `now` is kept current.
   template <typename Ready, typename Watch>
-  static bool spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
+  static bool spin_until(Ready& ready, WaitTime until, std::chrono::nanoseconds pause_only, Watch& watch,
+                         WaitTime& last_watch, WaitTime& now);
   // Sleeps (notify wakes) until ready() (true) or `until` (false), watching every kWatchSlice.
   template <typename Ready, typename Watch>
   bool sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
@@ -90,8 +89,9 @@ struct EventCount {
 static_assert(std::is_trivially_copyable_v<EventCount> && sizeof(EventCount) == 8);
 
 template <typename Ready, typename Watch>
-bool EventCount::spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now) {
-  const WaitTime yield_from = now + kPauseOnlySpin;
+bool EventCount::spin_until(Ready& ready, WaitTime until, std::chrono::nanoseconds pause_only, Watch& watch,
+                            WaitTime& last_watch, WaitTime& now) {
+  const WaitTime yield_from = now + pause_only;
   for (uint32_t round = 1; now < until; ++round) {
     for (int i = 0; i < 16; ++i) cpu_relax();
     // The peer we wait for may need this CPU: offer it now and then
@@ -151,7 +151,9 @@ WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, const SpinPolicy&
   const WaitTime start = WaitClock::now();
   WaitTime now = start;
   WaitTime last_watch = start;
-  if (spin_until(ready, std::min(start + spin.budget(), deadline), watch, last_watch, now)) return WaitStatus::kReady;
+  if (spin_until(ready, std::min(start + spin.budget(), deadline), spin.pause_only(), watch, last_watch, now)) {
+    return WaitStatus::kReady;
+  }
   if (sleep_until(ready, deadline, watch, last_watch, now)) return WaitStatus::kReady;
   watch();  // a dead peer is reported as such, not as a timeout
   return ready() ? WaitStatus::kReady : WaitStatus::kTimedOut;

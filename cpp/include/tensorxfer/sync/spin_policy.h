@@ -37,6 +37,7 @@ class SpinPolicy {
  public:
   static constexpr std::chrono::microseconds kStandardSpin{2000};
   static constexpr std::chrono::microseconds kFixedMax{1000000};
+  static constexpr std::chrono::microseconds kPauseOnly{50};
 
   // Spin for `budget`, then sleep (0: sleep at once). Throws InvalidArgument
   // unless 0 <= budget <= kFixedMax.
@@ -55,6 +56,15 @@ class SpinPolicy {
   // How long a wait spins before it first sleeps.
   std::chrono::nanoseconds budget() const noexcept {
     return std::chrono::nanoseconds(budget_ns_.load(std::memory_order_relaxed));
+  }
+  // How long the spin only pauses before it also yields the CPU now and then:
+  // kPauseOnly for the standard policy (the processes fit the CPUs, a peer that
+  // answers at once is caught without a system call); none for fixed budgets,
+  // which yield from the start (the collectives' short spins when ranks
+  // outnumber the CPUs rely on it).
+  std::chrono::nanoseconds pause_only() const noexcept {
+    return standard_.load(std::memory_order_relaxed) ? std::chrono::nanoseconds(kPauseOnly)
+                                                     : std::chrono::nanoseconds::zero();
   }
 
  private:
