@@ -1,6 +1,6 @@
 // Wait/wake round trips through EventCount (spin-then-futex), across threads
 // and across processes, with several spin budgets. Arg = spin budget in us,
-// -1 = adaptive (the predictive default). A round trip is: A publishes, B
+// -1 = the standard policy (the default). A round trip is: A publishes, B
 // (waiting) sees it and answers, A (waiting) sees the answer.
 #include <signal.h>
 #include <sys/mman.h>
@@ -29,7 +29,7 @@ struct PingPong {
 };
 
 SpinPolicy policy_for(int64_t spin_us) {
-  return spin_us < 0 ? SpinPolicy::adaptive() : SpinPolicy::fixed(std::chrono::microseconds(spin_us));
+  return spin_us < 0 ? SpinPolicy::standard() : SpinPolicy::fixed(std::chrono::microseconds(spin_us));
 }
 
 // The answering side: echoes every ping until told to stop.
@@ -94,25 +94,6 @@ void BM_RoundTripProcesses(benchmark::State& state) {
   ::munmap(memory, 4096);
 }
 BENCHMARK(BM_RoundTripProcesses)->Arg(0)->Arg(20)->Arg(50)->Arg(200)->Arg(-1)->UseRealTime();
-
-// What the adaptive policy adds to every wait: a plan at the start and a
-// record at the end. Arg 0: short waits (~1 us, the spin-through regime);
-// arg 1: 0.5 ms periodic arrivals with publish stamps (predicted windows).
-void BM_AdaptivePlanAndRecord(benchmark::State& state) {
-  SpinPolicy spin = SpinPolicy::adaptive();
-  const bool long_waits = state.range(0) == 1;
-  WaitTime at = WaitClock::now();
-  uint64_t round = 0;
-  for (auto _ : state) {
-    const WaitTime start = at;
-    benchmark::DoNotOptimize(spin.plan(start));
-    ++round;
-    at += long_waits ? std::chrono::nanoseconds(500000 + static_cast<int64_t>(round % 9) * 1000)
-                     : std::chrono::nanoseconds(1000 + static_cast<int64_t>(round % 7) * 100);
-    spin.record_arrival(start, at, long_waits ? std::optional<WaitTime>(at) : std::nullopt, false);
-  }
-}
-BENCHMARK(BM_AdaptivePlanAndRecord)->Arg(0)->Arg(1);
 
 // What a notify costs when nobody sleeps (the common case with spinning).
 void BM_NotifyWithoutSleepers(benchmark::State& state) {

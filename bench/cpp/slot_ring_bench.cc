@@ -1,7 +1,7 @@
 // SlotRing handoffs between two processes (no Python): round trips through
 // two rings, and the one-way latency of a 64-byte batch published every
 // 0.5 ms to a consumer that is already waiting. Arg = spin budget in us
-// (-1 = adaptive, the predictive default); both sides use it.
+// (-1 = the standard policy, the default); both sides use it.
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,7 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 
 sync::SpinPolicy policy_for(int64_t spin_us) {
-  return spin_us < 0 ? sync::SpinPolicy::adaptive()
+  return spin_us < 0 ? sync::SpinPolicy::standard()
                      : sync::SpinPolicy::fixed(std::chrono::microseconds(spin_us));
 }
 
@@ -91,8 +91,7 @@ BENCHMARK(BM_RingRoundTripProcesses)->Arg(0)->Arg(50)->Arg(200)->Arg(-1)->UseRea
 
 // The handoff case: one batch every 0.5 ms, consumer already waiting.
 // Reports p50/p99 of publish -> acquire_ready return, in microseconds, the
-// consumer thread's CPU use in percent of a core, and (adaptive) how many
-// waits ended in the predicted window.
+// consumer thread's CPU use in percent of a core.
 void BM_RingLatencyEvery500us(benchmark::State& state) {
   const auto spin = policy_for(state.range(0));
   constexpr int kBatches = 2000;
@@ -126,7 +125,6 @@ void BM_RingLatencyEvery500us(benchmark::State& state) {
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_begin).count();
     state.counters["cpu_pct"] = 100.0 * (thread_cpu_seconds() - cpu_begin) / wall;
-    state.counters["in_window"] = static_cast<double>(ring->spin_policy().predictor().outcomes().window);
     ::waitpid(child, nullptr, 0);
     std::sort(latencies.begin() + 100, latencies.end());  // skip warm-up
     const std::size_t n = latencies.size() - 100;

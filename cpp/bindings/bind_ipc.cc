@@ -30,8 +30,8 @@ py::array_t<uint8_t> byte_array(std::byte* data, std::size_t nbytes, const py::o
 }
 
 sync::SpinPolicy spin_from_us(const std::optional<double>& spin_us) {
-  if (!spin_us) return sync::SpinPolicy::adaptive();
-  TENSORXFER_CHECK(InvalidArgument, !std::isnan(*spin_us) && *spin_us >= 0.0, "spin_us must be None (adaptive) ",
+  if (!spin_us) return sync::SpinPolicy::standard();
+  TENSORXFER_CHECK(InvalidArgument, !std::isnan(*spin_us) && *spin_us >= 0.0, "spin_us must be None (standard) ",
                    "or a number of microseconds >= 0, got ", *spin_us);
   TENSORXFER_CHECK(InvalidArgument, *spin_us <= static_cast<double>(sync::SpinPolicy::kFixedMax.count()),
                    "spin_us must be at most ", sync::SpinPolicy::kFixedMax.count(), ", got ", *spin_us);
@@ -50,31 +50,12 @@ uint32_t kind_from_text(const std::string& kind) {
   return memory::make_kind_tag(text);
 }
 
-double to_us(std::chrono::nanoseconds duration) { return std::chrono::duration<double, std::micro>(duration).count(); }
-
-py::object spread_us(const std::optional<sync::WaitPredictor::Spread>& spread) {
-  if (!spread) return py::none();
-  return py::make_tuple(to_us(spread->low), to_us(spread->median), to_us(spread->high));
-}
-
-// What the ring's wait policy has learned, and how its waits ended.
+// The ring's wait policy: "standard" (spin milliseconds while the processes fit
+// the CPUs, else sleep at once) or "fixed", and the spin budget it uses now.
 py::dict wait_stats(const SlotRing& ring) {
-  const sync::WaitPredictor predictor = ring.spin_policy().predictor();
-  const auto& outcomes = predictor.outcomes();
-  py::dict ended;
-  ended["immediate"] = outcomes.immediate;
-  ended["spin"] = outcomes.spin;
-  ended["doze"] = outcomes.doze;
-  ended["window"] = outcomes.window;
-  ended["sleep"] = outcomes.sleep;
-  ended["timeout"] = outcomes.timeout;
   py::dict stats;
-  stats["adaptive"] = ring.spin_policy().is_adaptive();
-  stats["ended"] = ended;
-  stats["wait_us"] = spread_us(predictor.wait_spread());
-  stats["interval_us"] = spread_us(predictor.interval_spread());
-  stats["wake_lateness_us"] = to_us(predictor.wake_lateness());
-  stats["notify_latency_us"] = to_us(predictor.notify_latency());
+  stats["policy"] = ring.spin_policy().fixed_budget() ? "fixed" : "standard";
+  stats["spin_us"] = std::chrono::duration<double, std::micro>(ring.spin_policy().budget()).count();
   return stats;
 }
 

@@ -62,6 +62,7 @@ void bind_copy(py::module_& module);
 void bind_ipc(py::module_& module);
 void bind_group(py::module_& module);
 void bind_collectives(py::module_& module);
+void bind_reduce(py::module_& module);  // the reduction kernels alone (tests)
 void bind_cuda(py::module_& module);
 void bind_resharding(py::module_& module);
 

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_core, module) {
   bind_ipc(module);
   bind_group(module);
   bind_collectives(module);
+  bind_reduce(module);
   bind_cuda(module);
   bind_resharding(module);
 }

@@ -133,6 +133,50 @@ def test_torch_tensors_are_viewed_through_dlpack():
         as_view(transposed, "tensor")
 
 
+TORCH_DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES)
+def test_plain_torch_tensors_take_the_fast_path_and_match_dlpack(dtype):
+    """A plain CPU tensor is viewed from its attributes (no __dlpack__ call), with exactly
+    the view the DLPack path gives: offset slices, strides, every dtype."""
+    torch = pytest.importorskip("torch")
+    from tensorxfer import _core
+
+    base = torch.zeros(4, 6, dtype=getattr(torch, dtype))
+    for tensor in (base, base[1:, 2:5], base.t(), base[:, ::2], base[2], base.reshape(24)[7:7]):
+        fast = _core.make_view(tensor, "t")
+        slow = _core.make_view(DlpackOnly(tensor), "t")
+        assert (fast.data_ptr, fast.shape, fast.strides, fast.dtype, fast.device, fast.readonly) == (
+            slow.data_ptr, slow.shape, slow.strides, slow.dtype, slow.device, slow.readonly)
+        assert fast.owner is tensor  # no capsule: the tensor itself keeps the memory alive
+
+
+def test_torch_tensors_that_are_not_plain_keep_the_dlpack_rules():
+    torch = pytest.importorskip("torch")
+    from tensorxfer import _core
+
+    with pytest.raises(BufferError, match="require gradient"):  # torch's own refusal, as before
+        _core.make_view(torch.ones(3, requires_grad=True), "g")
+    parameter = torch.nn.Parameter(torch.ones(3), requires_grad=False)  # a subclass: DLPack path
+    assert _core.make_view(parameter, "p").owner is not parameter
+    complex_view = _core.make_view(torch.zeros(2, dtype=torch.complex64), "c")  # no fast-path dtype
+    assert complex_view.dtype == "complex64" and complex_view.owner is not None
+
+
+def test_a_torch_view_keeps_its_tensor_alive():
+    torch = pytest.importorskip("torch")
+    tensor = torch.arange(8, dtype=torch.float32)
+    view = as_view(tensor, "t")
+    alive = weakref.ref(tensor)
+    del tensor
+    gc.collect()
+    assert alive() is not None
+    del view
+    gc.collect()
+    assert alive() is None
+
+
 def test_package_exports_error_classes():
     assert issubclass(tensorxfer.CorruptSegmentError, ValueError)
     assert issubclass(tensorxfer.PeerLostError, tensorxfer.TensorxferError)

@@ -1,6 +1,9 @@
 // The reduction loop. Built with -O3 (CMakeLists.txt) so that the simple
-// loops over __restrict tiles below auto-vectorise; no intrinsics.
+// loops over __restrict tiles below auto-vectorise; the half-precision
+// conversions come from half_kernels.cc (vector sets chosen at run time).
 #include "tensorxfer/collectives/reduce.h"
+
+#include "half_kernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -33,18 +36,6 @@ struct Plain {
   using accumulator = Accumulator;
   static Accumulator load(Storage value) noexcept { return static_cast<Accumulator>(value); }
   static Storage store(Accumulator value) noexcept { return static_cast<Storage>(value); }
-};
-struct BFloat16 {
-  using storage = uint16_t;
-  using accumulator = float;
-  static float load(uint16_t value) noexcept { return bfloat16_to_float(value); }
-  static uint16_t store(float value) noexcept { return float_to_bfloat16(value); }
-};
-struct Float16 {
-  using storage = uint16_t;
-  using accumulator = float;
-  static float load(uint16_t value) noexcept { return float16_to_float(value); }
-  static uint16_t store(float value) noexcept { return float_to_float16(value); }
 };
 // int64 sums wrap: accumulate in uint64 (defined overflow), store back bit for bit.
 struct Int64 {
@@ -111,13 +102,56 @@ void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int
   }
 }
 
+// Half types: each tile is widened into a float32 accumulator (fused with the
+// addition for sum/avg), combined in source order, and narrowed once.
+void reduce_half(const half_tiles::HalfTileKernels& kernels, ReduceOp op, const void* const* sources, int source_count,
+                 int divisor, void* destination, void* second_destination, std::size_t count) noexcept {
+  alignas(64) float accumulator[kTile];
+  alignas(64) float widened[kTile];
+  for (std::size_t base = 0; base < count; base += kTile) {
+    const std::size_t n = std::min(kTile, count - base);
+    float* __restrict acc = accumulator;
+    kernels.widen(static_cast<const uint16_t*>(sources[0]) + base, acc, n);
+    for (int k = 1; k < source_count; ++k) {
+      const uint16_t* source = static_cast<const uint16_t*>(sources[k]) + base;
+      if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
+        kernels.widen_add(source, acc, n);
+        continue;
+      }
+      kernels.widen(source, widened, n);
+      const float* __restrict value = widened;
+      if (op == ReduceOp::kMax) {
+        for (std::size_t i = 0; i < n; ++i) acc[i] = value[i] > acc[i] ? value[i] : acc[i];
+      } else {
+        for (std::size_t i = 0; i < n; ++i) acc[i] = value[i] < acc[i] ? value[i] : acc[i];
+      }
+    }
+    if (op == ReduceOp::kAvg && divisor != 1) {
+      const float by = static_cast<float>(divisor);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / by;
+    }
+    uint16_t* out = static_cast<uint16_t*>(destination) + base;
+    kernels.narrow(acc, out, n);
+    if (second_destination != nullptr) {
+      std::memcpy(static_cast<uint16_t*>(second_destination) + base, out, n * sizeof(uint16_t));
+    }
+  }
+}
+
+void reduce_half(HalfKernels choice, bool bfloat16, ReduceOp op, const void* const* sources, int source_count,
+                 int divisor, void* destination, void* second_destination, std::size_t count) noexcept {
+  const half_tiles::HalfTileKernels* kernels = half_tiles::half_tile_kernels(choice, bfloat16);
+  if (kernels == nullptr) kernels = half_tiles::half_tile_kernels(HalfKernels::kPortable, bfloat16);
+  reduce_half(*kernels, op, sources, source_count, divisor, destination, second_destination, count);
+}
+
 }  // namespace
 
 float bfloat16_to_float(uint16_t value) noexcept { return bits_float(static_cast<uint32_t>(value) << 16); }
 
 uint16_t float_to_bfloat16(float value) noexcept {
   uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // the canonical quiet NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
 }
@@ -139,7 +173,8 @@ uint16_t float_to_float16(float value) noexcept {
   uint32_t bits = float_bits(value);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   bits &= 0x7fffffffu;
-  if (bits >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (bits > 0x7f800000u ? 0x200u : 0u));
+  if (bits > 0x7f800000u) return 0x7e00u;  // the canonical quiet NaN
+  if (bits == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
   if (bits < 0x38800000u) {
     // Subnormal half (or zero): adding 0.5 lines the half's mantissa up with the
@@ -196,7 +231,8 @@ const char* reduce_op_name(ReduceOp op) noexcept {
 }
 
 void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, int source_count, int divisor,
-                     void* destination, void* second_destination, std::size_t count) noexcept {
+                     void* destination, void* second_destination, std::size_t count,
+                     HalfKernels half_kernels) noexcept {
   switch (type) {
     case ElementType::kFloat32:
       return reduce_typed<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination,
@@ -205,9 +241,11 @@ void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, 
       return reduce_typed<Plain<double, double>>(op, sources, source_count, divisor, destination,
                                                  second_destination, count);
     case ElementType::kBFloat16:
-      return reduce_typed<BFloat16>(op, sources, source_count, divisor, destination, second_destination, count);
+      return reduce_half(half_kernels, true, op, sources, source_count, divisor, destination, second_destination,
+                         count);
     case ElementType::kFloat16:
-      return reduce_typed<Float16>(op, sources, source_count, divisor, destination, second_destination, count);
+      return reduce_half(half_kernels, false, op, sources, source_count, divisor, destination, second_destination,
+                         count);
     case ElementType::kInt32:
       return reduce_typed<Plain<int32_t, int64_t>>(op, sources, source_count, divisor, destination,
                                                    second_destination, count);

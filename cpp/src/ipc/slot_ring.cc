@@ -286,16 +286,6 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout, const sync::
       [&] {
         if (hook) hook();
         watch_as_consumer();
-      },
-      [&] {
-        // The publish time (CLOCK_MONOTONIC, as WaitClock) lets the adaptive
-        // policy learn true arrival times; a value no clock can hold is ignored
-        // (the policy also ignores implausible ones).
-        std::optional<sync::WaitTime> stamp;
-        if (ready && ready->publish_ns <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          stamp = sync::WaitTime(std::chrono::nanoseconds(static_cast<int64_t>(ready->publish_ns)));
-        }
-        return stamp;
       });
   if (status == sync::WaitStatus::kReady) return *ready;
   throw Timeout("SlotRing::acquire_ready: nothing was published within " + seconds_text(timeout) +

@@ -54,19 +54,6 @@ int futex_wake_all(SharedWord32& word) noexcept { return futex_wake(word, INT_MA
 
 void yield_processor() noexcept { ::sched_yield(); }
 
-// ---- PreciseTimerScope ---------------------------------------------------------
-
-PreciseTimerScope::PreciseTimerScope() noexcept : previous_slack_ns_(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)) {
-  // 1 ns: the smallest slack; 0 would mean "back to the default".
-  if (previous_slack_ns_ > 1) (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-}
-
-PreciseTimerScope::~PreciseTimerScope() {
-  if (previous_slack_ns_ > 1) {
-    (void)::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(previous_slack_ns_), 0UL, 0UL, 0UL);
-  }
-}
-
 // ---- EventCount ---------------------------------------------------------------
 //
 // No lost wake-up: the notifier does [state change] -> epoch++ -> read sleepers;

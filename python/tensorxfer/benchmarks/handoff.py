@@ -49,9 +49,9 @@ def _sleep_until(deadline_ns: int) -> None:
         time.sleep(remaining / 1e9)
 
 
-# The spin budget of each ring variant: the default (None) predicts the next arrival
-# and spins only around it, 0 sleeps at once, 1000 us outlasts the 0.5 ms publish
-# interval (burns the core).
+# The spin budget of each ring variant: the default (None) is the standard policy
+# (spin 2 ms, pausing then yielding, while producer and consumer fit the CPUs; sleep
+# at once otherwise), 0 sleeps at once, 1000 us outlasts the 0.5 ms publish interval.
 _RING_SPIN_US = {"slot_ring": None, "slot_ring_nospin": 0.0, "slot_ring_spin": 1000.0}
 
 

@@ -7,7 +7,7 @@ Cases (sizes shrink with ``--quick``):
 * host copy: submit + wait of 64 MiB through the host replay transfer backend
   vs ``numpy.copyto`` and ``torch.Tensor.copy_``.
 * handoff: cross-process latency of a 64-byte batch sent every 0.5 ms to a
-  waiting consumer, and throughput of 4 MiB batches, SlotRing (default adaptive
+  waiting consumer, and throughput of 4 MiB batches, SlotRing (default standard
   wait, spin off, and a fixed 1 ms spin that outlasts the publish interval) vs
   ``multiprocessing.Queue`` and ``torch.multiprocessing.Queue``.
 

@@ -51,7 +51,7 @@ TEST(SlotRingEntriesTest, TenThousandAttachCloseCyclesReuseTwoEntries) {
 }
 
 TEST(SlotRingEntriesTest, AKilledProducersEntryAndSlotServeTheNextOne) {
-  auto consumer = SlotRing::create(2, 64, SpinPolicy::adaptive(), 1);
+  auto consumer = SlotRing::create(2, 64, SpinPolicy::standard(), 1);
   const std::string name = consumer->name();
   NotePipe pipe;
   const pid_t child = fork_child([&] {
@@ -75,7 +75,7 @@ TEST(SlotRingEntriesTest, AKilledProducersEntryAndSlotServeTheNextOne) {
 }
 
 TEST(SlotRingEntriesTest, AProducerKilledWhileAttachingDoesNotStayAttaching) {
-  auto consumer = SlotRing::create(2, 64, SpinPolicy::adaptive(), 1);
+  auto consumer = SlotRing::create(2, 64, SpinPolicy::standard(), 1);
   const std::string name = consumer->name();
   const pid_t child = fork_child([&] {
     ::setenv("TENSORXFER_FAILPOINT", "slot_ring.attach.claimed", 1);

@@ -42,8 +42,8 @@ TEST(SlotRingTest, CreateValidatesItsArguments) {
   EXPECT_THROW(SlotRing::create(kMaxRingDepth + 1, 64), InvalidArgument);
   EXPECT_THROW(SlotRing::create(4, 0), InvalidArgument);
   EXPECT_THROW(SlotRing::create(4, kMaxSlotBytes + 1), InvalidArgument);
-  EXPECT_THROW(SlotRing::create(4, 64, SpinPolicy::adaptive(), 0), InvalidArgument);
-  EXPECT_THROW(SlotRing::create(4, 64, SpinPolicy::adaptive(), kMaxRingProducers + 1), InvalidArgument);
+  EXPECT_THROW(SlotRing::create(4, 64, SpinPolicy::standard(), 0), InvalidArgument);
+  EXPECT_THROW(SlotRing::create(4, 64, SpinPolicy::standard(), kMaxRingProducers + 1), InvalidArgument);
   try {
     (void)SlotRing::create(0, 64);
   } catch (const InvalidArgument& error) {
@@ -408,7 +408,7 @@ TEST(SlotRingTest, CloseFromAnotherThreadEndsAWait) {
 }
 
 TEST(SlotRingTest, ProducerEntriesRunOut) {
-  auto consumer = SlotRing::create(2, 64, SpinPolicy::adaptive(), 2);
+  auto consumer = SlotRing::create(2, 64, SpinPolicy::standard(), 2);
   auto first = SlotRing::attach(consumer->name());
   auto second = SlotRing::attach(consumer->name());
   EXPECT_THROW(SlotRing::attach(consumer->name()), InvalidArgument);

@@ -27,14 +27,24 @@ std::size_t element_size(ElementType type) noexcept;
 ReduceOp parse_reduce_op(const std::string& name);
 const char* reduce_op_name(ReduceOp op) noexcept;
 
+// The half-precision (bfloat16, float16) conversion kernels: kAuto is the widest
+// set this CPU runs (chosen once, at first use); every set gives bitwise the same
+// results, so ranks agree whatever CPU each runs on.
+enum class HalfKernels : uint32_t { kAuto, kPortable, kAvx2, kAvx512 };
+bool half_kernels_supported(HalfKernels kernels) noexcept;
+HalfKernels best_half_kernels() noexcept;
+const char* half_kernels_name(HalfKernels kernels) noexcept;
+
 // destination[i] = op(sources[0][i], ..., sources[source_count - 1][i]) for
 // i < count; also written to second_destination when it is not null.
 // Destinations may alias any source (the loop reduces a tile into a private
 // accumulator before it stores). `divisor` is the rank count for kAvg.
 void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, int source_count, int divisor,
-                     void* destination, void* second_destination, std::size_t count) noexcept;
+                     void* destination, void* second_destination, std::size_t count,
+                     HalfKernels half_kernels = HalfKernels::kAuto) noexcept;
 
-// Conversions (exposed for tests): round to nearest even, NaN stays NaN.
+// Conversions (exposed for tests): round to nearest even, subnormals kept; any NaN
+// narrows to one canonical quiet NaN (bfloat16 0x7fc0, float16 0x7e00).
 float bfloat16_to_float(uint16_t value) noexcept;
 uint16_t float_to_bfloat16(float value) noexcept;
 float float16_to_float(uint16_t value) noexcept;

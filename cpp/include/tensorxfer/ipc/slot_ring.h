@@ -71,13 +71,13 @@ class SlotRing {
   // for depth outside [1, kMaxRingDepth], slot_nbytes outside [1, kMaxSlotBytes],
   // max_producers outside [1, kMaxRingProducers]; SystemError from the OS.
   static std::unique_ptr<SlotRing> create(uint32_t depth, std::size_t slot_nbytes,
-                                          sync::SpinPolicy spin = sync::SpinPolicy::adaptive(),
+                                          sync::SpinPolicy spin = sync::SpinPolicy::standard(),
                                           uint32_t max_producers = kDefaultRingProducers);
   // Attaches as a producer. Throws what ShmSegment::attach throws, CorruptSegment
   // for a bad ring header, PeerLost if the consumer has exited or closed the ring,
   // InvalidArgument when max_producers live producers are attached now.
   static std::unique_ptr<SlotRing> attach(const std::string& name,
-                                          sync::SpinPolicy spin = sync::SpinPolicy::adaptive());
+                                          sync::SpinPolicy spin = sync::SpinPolicy::standard());
 
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
@@ -121,8 +121,7 @@ class SlotRing {
   // Publish sequences skipped because their producer died before filling them.
   uint64_t skipped_sequences() const noexcept { return skipped_sequences_; }
 
-  // How waits spend their time (sync/spin_policy.h). acquire_ready gives the
-  // adaptive policy each slot's publish time, so it learns the producers' period.
+  // How waits spend their time (sync/spin_policy.h).
   const sync::SpinPolicy& spin_policy() const noexcept { return spin_; }
   void set_spin_policy(const sync::SpinPolicy& spin) noexcept { spin_ = spin; }
 

@@ -1,8 +1,8 @@
 // Cross-process waits on 32-bit words in shared memory: spin, sleep in the
 // kernel (FUTEX_WAIT, not FUTEX_PRIVATE: the word is shared between
-// processes), always with a deadline. How long to spin, and when, is a
-// SpinPolicy (spin_policy.h): fixed, or adaptive (the default), which learns
-// when arrivals come and sleeps until shortly before the next one is due.
+// processes), always with a deadline. How long to spin first is a SpinPolicy
+// (spin_policy.h): milliseconds while the waiting processes fit the CPUs,
+// none when they outnumber them.
 //
 // EventCount is the building block: waiters check a condition, and if it does
 // not hold, sleep until a notifier bumps the epoch. Sleeps are cut into slices
@@ -15,7 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -55,20 +54,6 @@ int futex_wake_all(SharedWord32& word) noexcept;
 // Gives the CPU to another runnable thread, if any (sched_yield).
 void yield_processor() noexcept;
 
-// While alive, timed sleeps of the calling thread end within microseconds of
-// their deadline instead of up to the default 50 us timer slack later
-// (prctl PR_SET_TIMERSLACK); the previous slack is restored on destruction.
-class PreciseTimerScope {
- public:
-  PreciseTimerScope() noexcept;
-  ~PreciseTimerScope();
-  PreciseTimerScope(const PreciseTimerScope&) = delete;
-  PreciseTimerScope& operator=(const PreciseTimerScope&) = delete;
-
- private:
-  long previous_slack_ns_;  // <= 0: unknown, nothing to restore
-};
-
 // Lives in shared memory. Notifiers change the waited-for state first, then
 // call notify_all(); waiters call await(). No lost wake-ups: see futex.cc.
 struct EventCount {
@@ -78,52 +63,42 @@ struct EventCount {
   // Makes every current waiter re-check its condition.
   void notify_all() noexcept;
 
-  // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut),
-  // following spin.plan() (see spin_policy.h) and telling `spin` how it went.
-  // ready(): bool, cheap, may change shared state (e.g. claim a slot) when it
-  // returns true. watch(): called at least every kWatchSlice while sleeping or
-  // spinning and once more before timing out; it may throw (e.g. PeerLost, or a
-  // WaitHook's exception) to end the wait. It runs only after ready() returned
-  // false, so a throwing watch leaves nothing claimed.
-  // arrival_stamp(): called once after ready() returned true; when the
-  // notifier made the change, if it is known (std::optional<WaitTime>, e.g. a
-  // publish timestamp), which makes the adaptive policy's predictions exact.
-  template <typename Ready, typename Watch, typename ArrivalStamp>
-  WaitStatus await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch, ArrivalStamp&& arrival_stamp);
+  // Waits until ready() returns true (kReady) or `deadline` passes (kTimedOut):
+  // spins for spin.budget() (pause; after spin.pause_only() also yielding the
+  // CPU now and then), then sleeps until notified. ready(): bool, cheap, may change
+  // shared state (e.g. claim a slot) when it returns true. watch(): called at
+  // least every kWatchSlice while sleeping or spinning and once more before
+  // timing out; it may throw (e.g. PeerLost, or a WaitHook's exception) to end
+  // the wait. It runs only after ready() returned false, so a throwing watch
+  // leaves nothing claimed.
   template <typename Ready, typename Watch>
-  WaitStatus await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch) {
-    return await(std::forward<Ready>(ready), deadline, spin, std::forward<Watch>(watch),
-                 [] { return std::optional<WaitTime>{}; });
-  }
+  WaitStatus await(Ready&& ready, WaitTime deadline, const SpinPolicy& spin, Watch&& watch);
 
  private:
-  enum class SleepEnd { kReady, kReachedEnd };
-  struct SleepResult {
-    SleepEnd end;
-    bool woken_by_notify;  // the last futex wait was ended by a wake (not by its timeout)
-  };
-
   uint32_t prepare_wait() noexcept;
   void cancel_wait() noexcept;
-  // Spins until ready() or `until`, watching every kWatchSlice; `now` is kept current.
+  // Spins until ready() or `until`, yielding now and then after `pause_only`,
+  // watching every kWatchSlice; `now` is kept current.
   template <typename Ready, typename Watch>
-  static bool spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
-  // Sleeps (notify wakes) until ready() or `until`, watching every kWatchSlice.
+  static bool spin_until(Ready& ready, WaitTime until, std::chrono::nanoseconds pause_only, Watch& watch,
+                         WaitTime& last_watch, WaitTime& now);
+  // Sleeps (notify wakes) until ready() (true) or `until` (false), watching every kWatchSlice.
   template <typename Ready, typename Watch>
-  SleepResult sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
+  bool sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now);
 };
 static_assert(std::is_trivially_copyable_v<EventCount> && sizeof(EventCount) == 8);
 
 template <typename Ready, typename Watch>
-bool EventCount::spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now) {
+bool EventCount::spin_until(Ready& ready, WaitTime until, std::chrono::nanoseconds pause_only, Watch& watch,
+                            WaitTime& last_watch, WaitTime& now) {
+  const WaitTime yield_from = now + pause_only;
   for (uint32_t round = 1; now < until; ++round) {
     for (int i = 0; i < 16; ++i) cpu_relax();
-    // When cores are oversubscribed the peer we wait for may need this CPU:
-    // offer it now and then (sched_yield returns at once if nobody is waiting).
-    if (round % 8 == 0) yield_processor();
+    // The peer we wait for may need this CPU: offer it now and then
+    // (sched_yield returns at once if nobody else is runnable).
+    if (round % 8 == 0 && now >= yield_from) yield_processor();
     if (ready()) return true;
     now = WaitClock::now();
-    // Only fixed spin budgets (up to SpinPolicy::kFixedMax) spin this long.
     if (now - last_watch >= kWatchSlice) {
       watch();
       last_watch = now;
@@ -133,9 +108,7 @@ bool EventCount::spin_until(Ready& ready, WaitTime until, Watch& watch, WaitTime
 }
 
 template <typename Ready, typename Watch>
-EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch,
-                                                WaitTime& now) {
-  bool woken = false;
+bool EventCount::sleep_until(Ready& ready, WaitTime until, Watch& watch, WaitTime& last_watch, WaitTime& now) {
   for (;;) {
     const uint32_t key = prepare_wait();
     bool is_ready = false;
@@ -147,12 +120,12 @@ EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Wa
     }
     if (is_ready) {
       cancel_wait();
-      return {SleepEnd::kReady, woken};
+      return true;
     }
     now = WaitClock::now();
     if (now >= until) {
       cancel_wait();
-      return {SleepEnd::kReachedEnd, woken};
+      return false;
     }
     const auto slice = std::min<WaitClock::duration>(until - now, kWatchSlice);
     FutexWaitEnd end = FutexWaitEnd::kTimedOut;
@@ -163,7 +136,6 @@ EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Wa
       throw;
     }
     cancel_wait();
-    woken = end != FutexWaitEnd::kTimedOut;
     now = WaitClock::now();
     // After a signal the watch runs at once: its hook may have a Ctrl-C to report.
     if (end == FutexWaitEnd::kInterrupted || now - last_watch >= kWatchSlice) {
@@ -173,46 +145,18 @@ EventCount::SleepResult EventCount::sleep_until(Ready& ready, WaitTime until, Wa
   }
 }
 
-template <typename Ready, typename Watch, typename ArrivalStamp>
-WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, SpinPolicy& spin, Watch&& watch,
-                             ArrivalStamp&& arrival_stamp) {
-  if (ready()) {
-    if (spin.is_adaptive()) spin.record_immediate(WaitClock::now(), arrival_stamp());
-    return WaitStatus::kReady;
-  }
+template <typename Ready, typename Watch>
+WaitStatus EventCount::await(Ready&& ready, WaitTime deadline, const SpinPolicy& spin, Watch&& watch) {
+  if (ready()) return WaitStatus::kReady;
   const WaitTime start = WaitClock::now();
-  const WaitPlan plan = spin.plan(start);
-  using Phase = WaitPredictor::Phase;
-  auto arrived = [&](Phase phase, bool after_notify) {
-    spin.record_arrival(start, WaitClock::now(), arrival_stamp(), after_notify, phase);
-    return WaitStatus::kReady;
-  };
   WaitTime now = start;
   WaitTime last_watch = start;
-  if (spin_until(ready, std::min(start + plan.spin, deadline), watch, last_watch, now)) {
-    return arrived(Phase::kSpin, false);
+  if (spin_until(ready, std::min(start + spin.budget(), deadline), spin.pause_only(), watch, last_watch, now)) {
+    return WaitStatus::kReady;
   }
-  if (plan.kind == WaitPlan::Kind::kPredicted) {
-    if (plan.wake_at > now && now < deadline) {
-      const WaitTime until = std::min(plan.wake_at, deadline);
-      SleepResult slept{};
-      {
-        PreciseTimerScope precise;
-        slept = sleep_until(ready, until, watch, last_watch, now);
-      }
-      if (slept.end == SleepEnd::kReady) return arrived(Phase::kDoze, slept.woken_by_notify);
-      if (!slept.woken_by_notify && until == plan.wake_at) spin.record_timed_wake(plan.wake_at, now);
-    }
-    if (spin_until(ready, std::min(plan.window_end, deadline), watch, last_watch, now)) {
-      return arrived(Phase::kWindow, false);
-    }
-  }
-  const SleepResult slept = sleep_until(ready, deadline, watch, last_watch, now);
-  if (slept.end == SleepEnd::kReady) return arrived(Phase::kSleep, slept.woken_by_notify);
+  if (sleep_until(ready, deadline, watch, last_watch, now)) return WaitStatus::kReady;
   watch();  // a dead peer is reported as such, not as a timeout
-  if (ready()) return arrived(Phase::kSleep, false);
-  spin.record_timeout();
-  return WaitStatus::kTimedOut;
+  return ready() ? WaitStatus::kReady : WaitStatus::kTimedOut;
 }
 
 }  // namespace tensorxfer::sync
