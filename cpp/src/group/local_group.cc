@@ -109,7 +109,7 @@ std::unique_ptr<GroupSegment> try_enter(const std::string& name, int rank, int w
 
 LocalGroup::LocalGroup(std::unique_ptr<GroupSegment> segment, std::string name, int rank, int world_size)
     : segment_(std::move(segment)),
-      spin_(std::make_unique<sync::SpinPolicy>(sync::SpinPolicy::adaptive())),
+      spin_(std::make_unique<sync::SpinPolicy>(sync::SpinPolicy::standard(world_size))),
       name_(std::move(name)),
       rank_(rank),
       world_size_(world_size) {}

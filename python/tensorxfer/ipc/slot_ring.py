@@ -15,21 +15,18 @@ Several producers, one consumer (the process that created the ring)::
 
 Waits release the GIL.  How they spend their time is set by ``spin_us``:
 
-* ``None`` (the default): predictive.  The ring learns when batches arrive (the
-  typical wait, and the period between publish timestamps), sleeps in the
-  kernel until shortly before the next one is due, then spins through a short
-  window around it; a batch that comes early still wakes the sleeper at once.
-  The window covers the central 7/8 of recent arrivals and is at most a
-  quarter of the period (and at most 1 ms); when arrivals are irregular the
-  wait just sleeps, and short waits (up to 200 us) spin through.  Measured on
-  a 2-core VM with 64-byte batches every 0.5 ms (bench/python/bench_replay.py):
-  p50 ~12-15 us at ~11-14% of a core, against ~10 us at 100% for a 1 ms spin
-  and ~30-40 us at ~5% for no spin.
+* ``None`` (the default): the standard policy of every tensorxfer wait.
+  While the producer and the consumer fit the CPUs, a wait spins for up to
+  2 ms (pausing, then pausing and yielding the CPU now and then), then sleeps
+  in the kernel; when processes waiting on each other outnumber the CPUs it
+  sleeps at once, so a spinning waiter never starves the peer it waits for.
+  (An adaptive predictor of arrivals was measured against it in the handoff
+  benchmark and deleted: it never won by the 1.5x its complexity had to earn.)
 * ``0``: never spin: the least CPU; each hand-off pays the kernel wake-up
   (tens of microseconds on a virtual machine).
 * ``x > 0``: spin ``x`` microseconds, then sleep.
 
-``wait_stats`` shows what the policy learned and how recent waits ended.
+``wait_stats`` says which policy a handle's waits follow.
 A wait's ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
 seconds, ``0`` to try once, ``None`` for no deadline.  Whatever the timeout, a
 wait raises ``tensorxfer.PeerLostError`` when the other side has died and
@@ -98,10 +95,10 @@ def _check_spin(spin_us: Optional[float]) -> Optional[float]:
     if spin_us is None:
         return None
     if isinstance(spin_us, bool) or not isinstance(spin_us, numbers.Real):
-        raise TypeError(f"spin_us must be None (adaptive) or microseconds, got {type(spin_us).__name__}")
+        raise TypeError(f"spin_us must be None (the standard policy) or microseconds, got {type(spin_us).__name__}")
     spin_us = float(spin_us)
     if math.isnan(spin_us) or spin_us < 0 or spin_us > 1_000_000:
-        raise ValueError(f"spin_us must be None (adaptive) or in [0, 1000000] microseconds, got {spin_us}")
+        raise ValueError(f"spin_us must be None (the standard policy) or in [0, 1000000] microseconds, got {spin_us}")
     return spin_us
 
 
@@ -110,8 +107,8 @@ class SlotRing(SharedResource):
 
     Build it with :meth:`create` (the consumer) or :meth:`attach` (a producer);
     the constructor is not public.  Usable as a context manager (closes on exit).
-    Waits follow ``spin_us`` (by default they predict the next arrival and spin
-    only around it; see the module docstring and :attr:`wait_stats`).
+    Waits follow ``spin_us`` (by default the standard policy: spin up to 2 ms
+    while the processes fit the CPUs, else sleep at once; see the module docstring).
     """
 
     _kind = "ring"
@@ -138,8 +135,8 @@ class SlotRing(SharedResource):
 
         ``depth``: number of slots, 1..1024.  ``slot_nbytes``: bytes per slot
         (each slot starts on a 4096-byte boundary).  ``spin_us``: how waits
-        spend their time (see the module docstring): ``None`` predicts the next
-        arrival and spins only around it, ``0`` never spins, ``x > 0`` spins
+        spend their time (see the module docstring): ``None`` is the standard
+        policy, ``0`` never spins, ``x > 0`` spins
         ``x`` microseconds before sleeping.  ``max_producers``: how many
         producers may be attached at once (1..255); entries of producers that
         closed or died are reused.
@@ -210,7 +207,7 @@ class SlotRing(SharedResource):
 
     @property
     def spin_us(self) -> Optional[float]:
-        """The fixed spin budget in microseconds before a wait sleeps; ``None`` means predictive (the default)."""
+        """The fixed spin budget in microseconds before a wait sleeps; ``None`` means the standard policy (the default)."""
         return self._core.spin_us
 
     @spin_us.setter
@@ -219,27 +216,13 @@ class SlotRing(SharedResource):
 
     @property
     def current_spin_us(self) -> float:
-        """How long a wait starting now spins before it first sleeps (follows recent waits when predictive).
-
-        A predictive wait may sleep after this and spin again around the predicted arrival.
-        """
+        """How long a wait starting now spins before it first sleeps, in microseconds."""
         return self._core.current_spin_us
 
     @property
     def wait_stats(self) -> dict:
-        """What the adaptive wait policy has learned and how this handle's waits ended (diagnostics).
-
-        ``ended``: counts of waits by how they ended: ``immediate`` (nothing to
-        wait for), ``spin`` (during the first spin), ``doze`` (woken while
-        asleep before the predicted window: the batch came early), ``window``
-        (while spinning through the predicted window: a hit), ``sleep`` (woken
-        after the spin or window: late, or not predicted), ``timeout``.
-        ``wait_us`` / ``interval_us``: (12.5th, 50th, 87.5th) percentiles of
-        recent waits and of intervals between arrivals, or ``None`` while
-        unknown.  ``wake_lateness_us``: how late timed wake-ups are assumed to be;
-        ``notify_latency_us``: how long a notified sleeper takes to run.
-        A fixed ``spin_us`` learns nothing: everything stays at its start value.
-        """
+        """Which policy this handle's waits follow (diagnostics):
+        ``{"policy": "standard" | "fixed", "spin_us": budget in microseconds}``."""
         return self._live().wait_stats
 
     @property

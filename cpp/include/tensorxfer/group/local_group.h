@@ -131,7 +131,7 @@ class LocalGroup {
   void watch_peers(Settled& settled, const sync::WaitHook& hook) const;
 
   std::unique_ptr<GroupSegment> segment_;
-  std::unique_ptr<sync::SpinPolicy> spin_;  // how this rank's waits spend their time (adaptive)
+  std::unique_ptr<sync::SpinPolicy> spin_;  // how this rank's waits spend their time (SpinPolicy::standard)
   std::string name_;
   int rank_ = 0;
   int world_size_ = 0;

@@ -45,8 +45,6 @@ class SpinPolicy {
   // kStandardSpin when `waiters` processes waiting on each other fit
   // usable_cpus(), else 0.
   static SpinPolicy standard(int waiters = 2);
-  // The former name of standard() (group/local_group.cc still calls it).
-  static SpinPolicy adaptive() { return standard(); }
 
   SpinPolicy(const SpinPolicy& other) noexcept;
   SpinPolicy& operator=(const SpinPolicy& other) noexcept;
