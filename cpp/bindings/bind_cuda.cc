@@ -11,6 +11,12 @@
 #include "tensorxfer/common/cuda_runtime_calls.h"
 #include "tensorxfer/runtime/cuda_copy.h"
 
+#ifdef TENSORXFER_FAKE_CUDA
+#include <pybind11/stl.h>
+
+#include "fake_cuda.h"
+#endif
+
 namespace tensorxfer::bindings {
 namespace {
 
@@ -43,6 +49,55 @@ void bind_cuda_copy_submitter(py::module_& module) {
 }
 #endif
 
+#ifdef TENSORXFER_FAKE_CUDA
+// _core.fake_cuda: the control API of the fake CUDA runtime this test build links (tests/cuda_fake).
+void bind_fake_cuda(py::module_& module) {
+  py::module_ fake = module.def_submodule("fake_cuda", "Control of the fake CUDA runtime (test builds only).");
+  fake.def("reset", &tx_fake_cuda_reset);
+  fake.def("set_device_count", &tx_fake_cuda_set_device_count, py::arg("count"));
+  fake.def("set_driver_version", &tx_fake_cuda_set_driver_version, py::arg("version"));
+  fake.def(
+      "set_concurrent_managed_access", [](bool enabled) { tx_fake_cuda_set_concurrent_managed_access(enabled); },
+      py::arg("enabled"));
+  fake.def(
+      "fail", [](const std::string& function, int error, int skip, int times) {
+        tx_fake_cuda_fail(function.c_str(), error, skip, times);
+      },
+      py::arg("function"), py::arg("error"), py::arg("skip") = 0, py::arg("times") = 1);
+  fake.def("gil_violations", &tx_fake_cuda_gil_violations);
+  fake.def("freed_while_imported", &tx_fake_cuda_freed_while_imported);
+  fake.def("open_imports", &tx_fake_cuda_open_imports);
+  fake.def("live_allocations", &tx_fake_cuda_live_allocations);
+  fake.def("registered_ranges", &tx_fake_cuda_registered_ranges);
+  fake.def("context_created", [](int device) { return tx_fake_cuda_context_created(device) != 0; },
+           py::arg("device"));
+  fake.def("calls", [] {
+    py::list out;
+    for (const cuda_fake::Call& call : cuda_fake::calls()) {
+      py::dict entry;
+      entry["sequence"] = call.sequence;
+      entry["function"] = call.function;
+      entry["arguments"] = call.arguments;
+      entry["result"] = call.result;
+      entry["thread"] = call.thread;
+      entry["device"] = call.device;
+      entry["blocking"] = call.blocking;
+      entry["gil_held"] = call.gil_held < 0 ? py::object(py::none()) : py::object(py::bool_(call.gil_held == 1));
+      out.append(entry);
+    }
+    return out;
+  });
+  fake.def("managed_requests", [] {
+    py::list out;
+    for (const cuda_fake::ManagedRequest& request : cuda_fake::managed_requests()) {
+      out.append(py::make_tuple(request.kind, request.pointer, request.bytes, request.location_type,
+                                request.location_id));
+    }
+    return out;
+  });
+}
+#endif
+
 }  // namespace
 
 void bind_cuda(py::module_& module) {
@@ -51,6 +106,9 @@ void bind_cuda(py::module_& module) {
              "CUDA runtime calls tensorxfer made in this process so far (inherited across fork).");
 #ifdef TENSORXFER_WITH_CUDA
   bind_cuda_copy_submitter(module);
+#endif
+#ifdef TENSORXFER_FAKE_CUDA
+  bind_fake_cuda(module);
 #endif
 }
 
