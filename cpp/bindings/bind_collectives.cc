@@ -99,7 +99,9 @@ void bind_collectives(py::module_& module) {
       .def_static(
           "create_local",
           [](int rank, int world_size, std::size_t nbytes, const std::string& device) {
-            return IpcMemory::create_local(rank, world_size, nbytes, device_argument(device));
+            const MemoryDevice memory_device = device_argument(device);
+            py::gil_scoped_release released;  // cuda: cudaMalloc, cudaMemcpy, cudaDeviceSynchronize
+            return IpcMemory::create_local(rank, world_size, nbytes, memory_device);
           },
           py::arg("rank"), py::arg("world_size"), py::arg("nbytes"), py::arg("device") = "cpu",
           "Step 1: this rank's region (zeroed).")
@@ -110,6 +112,7 @@ void bind_collectives(py::module_& module) {
           [](IpcMemory& memory, const std::vector<py::bytes>& handles) {
             std::vector<std::string> native;
             for (const auto& handle : handles) native.push_back(std::string(handle));
+            py::gil_scoped_release released;  // cuda: cudaIpcOpenMemHandle, cudaMemcpy
             memory.map_peers(native);
           },
           py::arg("handles"), "Step 2: map every rank's region; handles in rank order.")
@@ -138,7 +141,7 @@ void bind_collectives(py::module_& module) {
           },
           py::arg("rank"), "Rank `rank`'s data region as a uint8 numpy array (keeps the mapping alive).")
       .def("check_peers_alive", &IpcMemory::check_peers_alive)
-      .def("close", &IpcMemory::close);
+      .def("close", &IpcMemory::close, py::call_guard<py::gil_scoped_release>());  // cuda: cudaFree
 
   module.def("communicator_required_nbytes", &Communicator::required_data_nbytes, py::arg("max_bytes"),
              py::arg("buffer_bytes"));

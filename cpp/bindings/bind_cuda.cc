@@ -12,6 +12,7 @@
 #include "tensorxfer/runtime/cuda_copy.h"
 
 #ifdef TENSORXFER_FAKE_CUDA
+#include <cuda_runtime_api.h>
 #include <pybind11/stl.h>
 
 #include "fake_cuda.h"
@@ -46,6 +47,22 @@ void bind_cuda_copy_submitter(py::module_& module) {
           },
           py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream"),
           "Queues cudaMemcpyAsync(dst, src, nbytes, HostToDevice) on `stream` (GIL released).");
+  module.def(
+      "cuda_host_register",
+      [](std::uintptr_t pointer, std::size_t nbytes, int device) {
+        py::gil_scoped_release released;
+        return runtime::register_host_memory(as_pointer(pointer), nbytes, device);
+      },
+      py::arg("pointer"), py::arg("nbytes"), py::arg("device"),
+      "Pins host memory in place for GPU `device`: True when registered (undo with cuda_host_unregister), "
+      "False when the whole range was already pinned. Raises with the CUDA error cleared.");
+  module.def(
+      "cuda_host_unregister",
+      [](std::uintptr_t pointer, int device) {
+        py::gil_scoped_release released;
+        runtime::unregister_host_memory(as_pointer(pointer), device);
+      },
+      py::arg("pointer"), py::arg("device"), "cudaHostUnregister with GPU `device` current (GIL released).");
 }
 #endif
 
@@ -65,6 +82,8 @@ void bind_fake_cuda(py::module_& module) {
       },
       py::arg("function"), py::arg("error"), py::arg("skip") = 0, py::arg("times") = 1);
   fake.def("gil_violations", &tx_fake_cuda_gil_violations);
+  fake.def("peek_last_error", [] { return static_cast<int>(cudaPeekAtLastError()); },
+           "The calling thread's last CUDA error, not reset (0: none).");
   fake.def("freed_while_imported", &tx_fake_cuda_freed_while_imported);
   fake.def("open_imports", &tx_fake_cuda_open_imports);
   fake.def("live_allocations", &tx_fake_cuda_live_allocations);

@@ -54,7 +54,7 @@ const ErrorText* find_error(cudaError_t error) {
 }
 
 bool valid_device(int device) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return device >= 0 && device < state().device_count;
 }
 
@@ -102,7 +102,7 @@ cudaError_t CUDARTAPI cudaDriverGetVersion(int* version) {
   Entry entry("cudaDriverGetVersion", "", Needs::kNothing);
   TX_FAKE_RETURN_EARLY(entry);
   if (version == nullptr) return entry.finish(cudaErrorInvalidValue);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   *version = state().driver_version;
   return cudaSuccess;
 }
@@ -122,7 +122,7 @@ cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
   if (count == nullptr) return entry.finish(cudaErrorInvalidValue);
   int devices = 0;
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     devices = state().device_count;
   }
   if (devices == 0) return entry.finish(cudaErrorNoDevice);
@@ -144,7 +144,7 @@ cudaError_t CUDARTAPI cudaSetDevice(int device) {
   TX_FAKE_RETURN_EARLY(entry);
   if (!valid_device(device)) return entry.finish(cudaErrorInvalidDevice);
   current_device() = device;
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().contexts[static_cast<std::size_t>(device)] = true;
   return cudaSuccess;
 }
@@ -156,7 +156,7 @@ cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr att
   TX_FAKE_RETURN_EARLY(entry);
   if (value == nullptr) return entry.finish(cudaErrorInvalidValue);
   if (!valid_device(device)) return entry.finish(cudaErrorInvalidDevice);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   switch (attribute) {
     case cudaDevAttrConcurrentManagedAccess:
     case cudaDevAttrManagedMemory:
@@ -179,7 +179,7 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) {
   TX_FAKE_RETURN_EARLY(entry);
   if (stream == nullptr) return entry.finish(cudaErrorInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new char(0));
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().streams[reinterpret_cast<std::uintptr_t>(*stream)] = current_device();
   return cudaSuccess;
 }
@@ -187,7 +187,7 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   Entry entry("cudaStreamDestroy", hex(stream), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   if (state().streams.erase(reinterpret_cast<std::uintptr_t>(stream)) == 0) {
     return entry.finish(cudaErrorInvalidResourceHandle);
   }
@@ -206,7 +206,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int 
   TX_FAKE_RETURN_EARLY(entry);
   if (event == nullptr) return entry.finish(cudaErrorInvalidValue);
   *event = reinterpret_cast<cudaEvent_t>(new char(0));
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().events[reinterpret_cast<std::uintptr_t>(*event)] = current_device();
   return cudaSuccess;
 }
@@ -214,7 +214,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   Entry entry("cudaEventDestroy", hex(event), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   if (state().events.erase(reinterpret_cast<std::uintptr_t>(event)) == 0) {
     return entry.finish(cudaErrorInvalidResourceHandle);
   }
@@ -224,7 +224,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
 
 // An event recorded on stream S completes when S's earlier work has: at once here.
 static cudaError_t check_event(Entry& entry, cudaEvent_t event, bool same_device) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   auto found = state().events.find(reinterpret_cast<std::uintptr_t>(event));
   if (found == state().events.end()) return entry.finish(cudaErrorInvalidResourceHandle);
   // Recording an event of another device than the current one is an error in CUDA.

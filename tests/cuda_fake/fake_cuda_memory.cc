@@ -59,7 +59,7 @@ cudaError_t allocate(Entry& entry, void** pointer, std::size_t bytes, MemoryKind
   header->imports = 0;
   std::memset(static_cast<char*>(mapping) + kHeaderBytes, 0xA5, bytes);  // not zeroed, as cudaMalloc
   *pointer = static_cast<char*>(mapping) + kHeaderBytes;
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   Mapping& record = state().memory[address(*pointer)];
   record.kind = kind;
   record.bytes = bytes;
@@ -77,7 +77,7 @@ cudaError_t copy(Entry& entry, void* dst, const void* src, std::size_t bytes, cu
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return entry.finish(cudaErrorInvalidValue);
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     const bool dst_device = on_device(dst, bytes);
     const bool src_device = on_device(src, bytes);
     const bool dst_host = !dst_device;
@@ -122,7 +122,7 @@ cudaError_t CUDARTAPI cudaFree(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
   Mapping record;
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     auto found = state().memory.find(address(pointer));
     if (found == state().memory.end() || found->second.kind == MemoryKind::kImported) {
       return entry.finish(cudaErrorInvalidValue);
@@ -142,7 +142,7 @@ cudaError_t CUDARTAPI cudaMemset(void* pointer, int value, size_t bytes) {
   Entry entry("cudaMemset", range_text(pointer, bytes) + " value=" + std::to_string(value), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     if (find_mapping(pointer, bytes) == nullptr) return entry.finish(cudaErrorInvalidValue);
   }
   std::memset(pointer, value, bytes);
@@ -154,7 +154,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* pointer, int value, size_t bytes, cu
                                      " stream=" + hex(stream), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     if (find_mapping(pointer, bytes) == nullptr) return entry.finish(cudaErrorInvalidValue);
   }
   std::memset(pointer, value, bytes);  // runs now: in order with everything queued before it
@@ -182,7 +182,7 @@ cudaError_t CUDARTAPI cudaHostRegister(void* pointer, size_t bytes, unsigned int
   Entry entry("cudaHostRegister", range_text(pointer, bytes) + " flags=" + std::to_string(flags), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
   if (pointer == nullptr || bytes == 0) return entry.finish(cudaErrorInvalidValue);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   auto& registered = state().registered;
   // Refuse any overlap with a registered range, as the real runtime does.
   auto next = registered.lower_bound(address(pointer));
@@ -202,7 +202,7 @@ cudaError_t CUDARTAPI cudaHostRegister(void* pointer, size_t bytes, unsigned int
 cudaError_t CUDARTAPI cudaHostUnregister(void* pointer) {
   Entry entry("cudaHostUnregister", hex(pointer), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   if (state().registered.erase(address(pointer)) == 0) return entry.finish(cudaErrorHostMemoryNotRegistered);
   return cudaSuccess;
 }
@@ -212,7 +212,7 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
   TX_FAKE_RETURN_EARLY(entry);
   if (attributes == nullptr) return entry.finish(cudaErrorInvalidValue);
   *attributes = cudaPointerAttributes{};
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   if (const Mapping* mapping = find_mapping(pointer, 1)) {
     attributes->type = mapping->kind == MemoryKind::kManaged ? cudaMemoryTypeManaged : cudaMemoryTypeDevice;
     attributes->device = mapping->device;
@@ -232,7 +232,7 @@ cudaError_t CUDARTAPI cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* poin
   Entry entry("cudaIpcGetMemHandle", hex(pointer), Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
   if (handle == nullptr) return entry.finish(cudaErrorInvalidValue);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   auto found = state().memory.find(address(pointer));
   if (found == state().memory.end() || found->second.kind != MemoryKind::kDevice) {
     return entry.finish(cudaErrorInvalidValue);  // only cudaMalloc allocations can be exported
@@ -254,7 +254,7 @@ cudaError_t CUDARTAPI cudaIpcOpenMemHandle(void** pointer, cudaIpcMemHandle_t ha
   if (bytes.pid == static_cast<int>(getpid())) return entry.finish(cudaErrorInvalidResourceHandle);
   {
     // Opening a handle this process already has open returns the same pointer, counted twice.
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     for (auto& [start, mapping] : state().memory) {
       if (mapping.kind == MemoryKind::kImported && mapping.exporter_pid == bytes.pid &&
           mapping.exporter_id == bytes.id) {
@@ -277,7 +277,7 @@ cudaError_t CUDARTAPI cudaIpcOpenMemHandle(void** pointer, cudaIpcMemHandle_t ha
   }
   __atomic_add_fetch(&header->imports, 1, __ATOMIC_ACQ_REL);
   *pointer = static_cast<char*>(mapping) + kHeaderBytes;
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   Mapping& record = state().memory[address(*pointer)];
   record.kind = MemoryKind::kImported;
   record.bytes = bytes.bytes;
@@ -294,7 +294,7 @@ cudaError_t CUDARTAPI cudaIpcCloseMemHandle(void* pointer) {
   TX_FAKE_RETURN_EARLY(entry);
   Mapping record;
   {
-    std::lock_guard<std::mutex> lock(state().mutex);
+    std::lock_guard<std::recursive_mutex> lock(state().mutex);
     auto found = state().memory.find(address(pointer));
     if (found == state().memory.end() || found->second.kind != MemoryKind::kImported) {
       return entry.finish(cudaErrorInvalidResourceHandle);
@@ -315,7 +315,7 @@ cudaError_t CUDARTAPI cudaMemPrefetchAsync(const void* pointer, size_t bytes, st
                   std::to_string(location.id) + " stream=" + hex(stream),
               Needs::kContext);
   TX_FAKE_RETURN_EARLY(entry);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   const Mapping* mapping = find_mapping(pointer, bytes);
   if (mapping == nullptr || mapping->kind != MemoryKind::kManaged) return entry.finish(cudaErrorInvalidValue);
   if (location.type == cudaMemLocationTypeDevice) {
@@ -334,7 +334,7 @@ cudaError_t CUDARTAPI cudaMemAdvise(const void* pointer, size_t bytes, enum cuda
                   " location=" + std::to_string(static_cast<int>(location.type)) + ":" + std::to_string(location.id),
               Needs::kContext, true);
   TX_FAKE_RETURN_EARLY(entry);
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   const Mapping* mapping = find_mapping(pointer, bytes);
   if (mapping == nullptr || mapping->kind != MemoryKind::kManaged) return entry.finish(cudaErrorInvalidValue);
   if (location.type == cudaMemLocationTypeDevice && (location.id < 0 || location.id >= state().device_count)) {

@@ -44,7 +44,7 @@ std::string hex(const void* pointer) {
 Entry::Entry(const char* function, std::string arguments, Needs needs, bool blocking) {
   const int gil = blocking ? probe_gil() : -1;
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
   Call call;
   call.sequence = s.next_sequence++;
   call.function = function;
@@ -78,7 +78,7 @@ Entry::Entry(const char* function, std::string arguments, Needs needs, bool bloc
 
 cudaError_t Entry::finish(cudaError_t result) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
   if (index_ < s.log.size()) s.log[index_].result = static_cast<int>(result);
   if (result != cudaSuccess) last_error = result;
   return result;
@@ -91,12 +91,12 @@ cudaError_t take_last_error(bool reset) {
 }
 
 std::vector<Call> calls() {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return state().log;
 }
 
 std::vector<ManagedRequest> managed_requests() {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return state().managed_requests;
 }
 
@@ -108,7 +108,7 @@ extern "C" {
 
 void tx_fake_cuda_reset(void) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
   s.device_count = 1;
   s.driver_version = CUDART_VERSION;
   s.concurrent_managed_access = true;
@@ -123,37 +123,37 @@ void tx_fake_cuda_reset(void) {
 }
 
 void tx_fake_cuda_set_device_count(int count) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().device_count = count;
 }
 
 void tx_fake_cuda_set_driver_version(int version) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().driver_version = version;
 }
 
 void tx_fake_cuda_set_concurrent_managed_access(int enabled) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().concurrent_managed_access = enabled != 0;
 }
 
 void tx_fake_cuda_fail(const char* function, int error, int skip, int times) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   state().rules[function] = Rule{error, skip, times};
 }
 
 std::uint64_t tx_fake_cuda_gil_violations(void) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return state().gil_violations;
 }
 
 std::uint64_t tx_fake_cuda_freed_while_imported(void) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return state().freed_while_imported;
 }
 
 std::uint64_t tx_fake_cuda_open_imports(void) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   std::uint64_t count = 0;
   for (const auto& entry : state().memory) {
     if (entry.second.kind == MemoryKind::kImported) count += static_cast<std::uint64_t>(entry.second.open_count);
@@ -162,19 +162,19 @@ std::uint64_t tx_fake_cuda_open_imports(void) {
 }
 
 std::uint64_t tx_fake_cuda_live_allocations(void) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   std::uint64_t count = 0;
   for (const auto& entry : state().memory) count += entry.second.kind != MemoryKind::kImported ? 1 : 0;
   return count;
 }
 
 std::uint64_t tx_fake_cuda_registered_ranges(void) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return state().registered.size();
 }
 
 int tx_fake_cuda_context_created(int device) {
-  std::lock_guard<std::mutex> lock(state().mutex);
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
   if (device < 0 || static_cast<std::size_t>(device) >= state().contexts.size()) return 0;
   return state().contexts[static_cast<std::size_t>(device)] ? 1 : 0;
 }

@@ -56,7 +56,7 @@ struct Rule {
 };
 
 struct State {
-  std::mutex mutex;
+  std::recursive_mutex mutex;  // recursive: a body holding it may end with Entry::finish
   int device_count = 1;
   int driver_version = CUDART_VERSION;
   bool concurrent_managed_access = true;

@@ -1,0 +1,29 @@
+"""Ranks of the multi-process fake CUDA tests (spawned children import this module first,
+so the fake variant of the extension is installed before tensorxfer is imported)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_core_loader import install  # noqa: E402
+
+core = install()
+
+
+def ipc_rank(rank: int, name: str, results: Any) -> None:
+    """Rank `rank` of 2: writes into the peer's CUDA IpcMemory region, reads its own."""
+    from tensorxfer.runtime import IpcMemory, LocalGroup
+
+    with LocalGroup.join(name, rank=rank, world_size=2, timeout=60) as group:
+        memory = IpcMemory.create(group, 64, device="cuda", timeout=60)
+        ctypes.memmove(memory.remote_data[1 - rank], bytes([rank + 1]) * 8, 8)
+        group.barrier(timeout=60)
+        seen = ctypes.string_at(memory.remote_data[rank], 8)
+        group.barrier(timeout=60)
+        memory.close()
+        group.barrier(timeout=60)
+    results.put((rank, seen, core.fake_cuda.gil_violations()))
