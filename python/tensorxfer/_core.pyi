@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -555,6 +555,14 @@ def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], en
     """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
+def cuda_host_register(pointer: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    Pins host memory in place for GPU `device`: True when registered (undo with cuda_host_unregister), False when the whole range was already pinned. Raises with the CUDA error cleared.
+    """
+def cuda_host_unregister(pointer: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    cudaHostUnregister with GPU `device` current (GIL released).
+    """
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
 def cuda_runtime_calls() -> int:
