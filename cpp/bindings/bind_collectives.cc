@@ -141,6 +141,7 @@ void bind_collectives(py::module_& module) {
           },
           py::arg("rank"), "Rank `rank`'s data region as a uint8 numpy array (keeps the mapping alive).")
       .def("check_peers_alive", &IpcMemory::check_peers_alive)
+      .def("close_peer_mappings", &IpcMemory::close_peer_mappings, py::call_guard<py::gil_scoped_release>())
       .def("close", &IpcMemory::close, py::call_guard<py::gil_scoped_release>());  // cuda: cudaFree
 
   module.def("communicator_required_nbytes", &Communicator::required_data_nbytes, py::arg("max_bytes"),

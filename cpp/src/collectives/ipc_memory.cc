@@ -197,6 +197,17 @@ void IpcMemory::check_peers_alive() const {
   backing_->check_peers_alive();
 }
 
+void IpcMemory::close_peer_mappings() noexcept {
+  if (!backing_ || backing_->device() != MemoryDevice::kCuda) return;
+  backing_->close_peer_mappings();
+  for (int rank = 0; rank < num_workers; ++rank) {
+    if (rank == worker_id) continue;
+    const auto index = static_cast<std::size_t>(rank);
+    remote_data[index] = barrier_in[index] = barrier_out[index] = nullptr;
+    wake_[index] = nullptr;
+  }
+}
+
 void IpcMemory::close() noexcept {
   if (!backing_) return;
   backing_->close();

@@ -21,6 +21,9 @@ struct IpcMemory::Backing {
   // Maps rank `rank`'s region from its handle, validates it, returns its base.
   virtual std::byte* map_peer(int rank, const std::string& handle) = 0;
   virtual void release_handles() noexcept = 0;
+  // Unmaps the peers' regions, keeping this rank's own (CUDA: cudaIpcCloseMemHandle,
+  // so an exporter may free once every rank did this; host: nothing to do early).
+  virtual void close_peer_mappings() noexcept {}
   // Throws PeerLost naming the lowest rank whose region's creator exited.
   virtual void check_peers_alive() const = 0;
   // False once rank `rank`'s creator exited or closed (true when it cannot tell).

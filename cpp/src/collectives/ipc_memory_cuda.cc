@@ -107,9 +107,7 @@ class CudaBacking final : public IpcMemory::Backing {
   void check_peers_alive() const override {}  // the group's liveness covers CUDA ranks
   bool peer_alive(int) const noexcept override { return true; }
 
-  // The peers' regions are closed before this rank's own is freed.
-  void close() noexcept override {
-    if (local_ == nullptr) return;
+  void close_peer_mappings() noexcept override {
     CudaDeviceGuard guard(device_, std::nothrow);
     for (void*& pointer : opened_) {
       if (pointer != nullptr && TENSORXFER_CUDA_CALL(cudaIpcCloseMemHandle(pointer)) != cudaSuccess) {
@@ -117,6 +115,12 @@ class CudaBacking final : public IpcMemory::Backing {
       }
       pointer = nullptr;
     }
+  }
+
+  // The peers' regions are closed before this rank's own is freed.
+  void close() noexcept override {
+    if (local_ == nullptr) return;
+    close_peer_mappings();
     local_.reset();
   }
 

@@ -96,9 +96,12 @@ class IpcMemory:
     Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, native: Any) -> None:
-        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`)."""
+    def __init__(self, native: Any, group: Optional[GroupLike] = None, timeout: Optional[float] = None) -> None:
+        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`); ``group`` and
+        ``timeout`` serve the collective close of CUDA memory."""
         self._native = native
+        self._group = group
+        self._timeout = timeout
 
     @classmethod
     def create(
@@ -117,7 +120,7 @@ class IpcMemory:
             raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
         native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, device)
         exchange_and_map(native, group, timeout)
-        return cls(native)
+        return cls(native, group, timeout)
 
     @property
     def num_workers(self) -> int:
@@ -175,7 +178,22 @@ class IpcMemory:
         return typed_view(self._native.region(int(rank)), dtype, shape, "IpcMemory.buffer")
 
     def close(self) -> None:
-        """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent."""
+        """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent.
+
+        ``device="cuda"``: collective. Each rank closes its imports of the peers'
+        allocations, waits for every rank to have done so (a group barrier bounded
+        by the ``timeout`` given to :meth:`create`), then frees its own, so no rank
+        frees memory a peer still has mapped. The allocation is freed also when the
+        barrier fails (a peer died: ``PeerLostError`` is raised after freeing).
+        """
+        group, self._group = self._group, None
+        if group is not None and self.device == "cuda" and not self.closed:
+            self._native.close_peer_mappings()
+            try:
+                group.barrier(timeout=self._timeout)
+            finally:
+                self._native.close()
+            return
         self._native.close()
 
     def __enter__(self) -> "IpcMemory":

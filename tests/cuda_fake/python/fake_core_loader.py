@@ -22,14 +22,13 @@ BUILD_DIRS = ("build/fake-cuda", "build-fake")
 
 
 def extension_path() -> str:
-    """``TENSORXFER_FAKE_CUDA_EXTENSION``, else the first fake build found in the checkout."""
+    """``TENSORXFER_FAKE_CUDA_EXTENSION``, else the latest fake build in the checkout."""
     explicit = os.environ.get("TENSORXFER_FAKE_CUDA_EXTENSION")
     if explicit:
         return explicit
-    for build in BUILD_DIRS:
-        found = sorted(glob.glob(str(ROOT / build / "_core*.so")))
-        if found:
-            return found[0]
+    found = [path for build in BUILD_DIRS for path in glob.glob(str(ROOT / build / "_core*.so"))]
+    if found:
+        return max(found, key=os.path.getmtime)  # the latest build
     raise RuntimeError(
         "no extension built against the fake CUDA runtime: run scripts/fake_cuda.sh (or set "
         f"TENSORXFER_FAKE_CUDA_EXTENSION); looked in {', '.join(BUILD_DIRS)}"

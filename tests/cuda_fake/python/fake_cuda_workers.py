@@ -27,3 +27,21 @@ def ipc_rank(rank: int, name: str, results: Any) -> None:
         memory.close()
         group.barrier(timeout=60)
     results.put((rank, seen, core.fake_cuda.gil_violations()))
+
+
+def close_rank(rank: int, name: str, results: Any) -> None:
+    """Rank `rank` of 2 closes a CUDA IpcMemory; rank 1 is slow to get there. Reports
+    whether this rank freed its allocation while the peer still had it open."""
+    import time
+
+    from tensorxfer.runtime import IpcMemory, LocalGroup
+
+    with LocalGroup.join(name, rank=rank, world_size=2, timeout=60) as group:
+        memory = IpcMemory.create(group, 64, device="cuda", timeout=60)
+        group.barrier(timeout=60)
+        if rank == 1:
+            time.sleep(0.5)  # rank 0 reaches close() first
+        memory.close()
+        results.put((rank, core.fake_cuda.freed_while_imported(), core.fake_cuda.open_imports(),
+                     core.fake_cuda.live_allocations()))
+        group.barrier(timeout=60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import uuid
 
 import fake_cuda_workers
 import numpy as np
@@ -107,18 +108,27 @@ def test_gpu_prefetch_without_concurrent_managed_access_is_unified_memory_unsupp
 
 
 # ---- IPC memory across processes -----------------------------------------------------------
-def test_two_processes_map_each_others_cuda_memory():
-    import uuid
-
+def run_two_ranks(target) -> list:
+    """Runs target(rank, group name, queue) in two spawned processes; their results in rank order."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     name = f"fake-cuda-{uuid.uuid4().hex[:8]}"
-    workers = [context.Process(target=fake_cuda_workers.ipc_rank, args=(rank, name, results)) for rank in range(2)]
+    workers = [context.Process(target=target, args=(rank, name, results)) for rank in range(2)]
     for worker in workers:
         worker.start()
     outcome = sorted(results.get(timeout=60) for _ in workers)
     for worker in workers:
         worker.join(timeout=60)
         assert worker.exitcode == 0
+    return outcome
+
+
+def test_two_processes_map_each_others_cuda_memory():
+    outcome = run_two_ranks(fake_cuda_workers.ipc_rank)
     assert outcome[0][1] == bytes([2]) * 8 and outcome[1][1] == bytes([1]) * 8
     assert [gil for *_, gil in outcome] == [0, 0]
+
+
+def test_close_frees_no_allocation_a_peer_still_has_mapped():
+    # (rank, frees of memory a peer still had open, handles still open, allocations left)
+    assert run_two_ranks(fake_cuda_workers.close_rank) == [(0, 0, 0, 0), (1, 0, 0, 0)]

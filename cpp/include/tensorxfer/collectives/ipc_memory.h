@@ -98,6 +98,11 @@ class IpcMemory {
   // False once rank `rank`'s creator exited or closed; true when it cannot tell.
   bool peer_alive(int rank) const noexcept;
 
+  // CUDA: closes this rank's imports of the peers' allocations, keeping its own,
+  // so that after a group barrier every rank may free its allocation (close()).
+  // Host: nothing. The peers' entries of the public vectors become null. Never throws.
+  void close_peer_mappings() noexcept;
+
   // Ends this rank's use: host segments are detached (and unlinked) but stay
   // mapped until destruction, so views made earlier never dangle; CUDA handles
   // are closed and the allocation freed. The public vectors are cleared to
