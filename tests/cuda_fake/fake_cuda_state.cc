@@ -24,8 +24,6 @@ int probe_gil() {
   return gil_check();
 }
 
-bool needs_context_without_one(Needs needs) { return needs == Needs::kContext; }
-
 }  // namespace
 
 State& state() {
@@ -56,7 +54,7 @@ Entry::Entry(const char* function, std::string arguments, Needs needs, bool bloc
   if (gil == 1) ++s.gil_violations;
   if (needs != Needs::kNothing && s.driver_version < CUDART_VERSION) {
     early_ = cudaErrorInsufficientDriver;
-  } else if (needs != Needs::kNothing && s.device_count == 0 && needs_context_without_one(needs)) {
+  } else if (needs == Needs::kContext && s.device_count == 0) {
     early_ = cudaErrorNoDevice;
   }
   auto rule = s.rules.find(function);
