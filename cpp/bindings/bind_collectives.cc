@@ -98,12 +98,13 @@ void bind_collectives(py::module_& module) {
                         "Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).")
       .def_static(
           "create_local",
-          [](int rank, int world_size, std::size_t nbytes, const std::string& device) {
+          [](int rank, int world_size, std::size_t nbytes, const std::string& device, int cuda_device) {
             const MemoryDevice memory_device = device_argument(device);
             py::gil_scoped_release released;  // cuda: cudaMalloc, cudaMemcpy, cudaDeviceSynchronize
-            return IpcMemory::create_local(rank, world_size, nbytes, memory_device);
+            return IpcMemory::create_local(rank, world_size, nbytes, memory_device, cuda_device);
           },
           py::arg("rank"), py::arg("world_size"), py::arg("nbytes"), py::arg("device") = "cpu",
+          py::arg("cuda_device") = -1,
           "Step 1: this rank's region (zeroed).")
       .def_property_readonly("local_handle", [](const IpcMemory& memory) { return py::bytes(memory.local_handle()); },
                              "What peers pass to map_peers (bytes).")

@@ -374,7 +374,7 @@ class IpcMemory:
     Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).
     """
     @staticmethod
-    def create_local(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: str = 'cpu') -> IpcMemory:
+    def create_local(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: str = 'cpu', cuda_device: typing.SupportsInt | typing.SupportsIndex = -1) -> IpcMemory:
         """
         Step 1: this rank's region (zeroed).
         """

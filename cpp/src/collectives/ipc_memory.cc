@@ -113,11 +113,13 @@ void IpcMemory::check_rank_arguments(int rank, int world_size) const {
                    "), got ", rank);
 }
 
-IpcMemory IpcMemory::create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device) {
+IpcMemory IpcMemory::create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device,
+                                  int cuda_device) {
   IpcMemory memory;
   memory.check_rank_arguments(rank, world_size);
   const SignalLayout layout = SignalLayout::compute(world_size, data_nbytes);
-  memory.backing_ = device == MemoryDevice::kHost ? make_host_backing(layout, rank) : make_cuda_backing(layout, rank);
+  memory.backing_ = device == MemoryDevice::kHost ? make_host_backing(layout, rank)
+                                                  : make_cuda_backing(layout, rank, cuda_device);
   memory.data_nbytes_ = data_nbytes;
   memory.num_workers = world_size;
   memory.worker_id = rank;

@@ -33,7 +33,8 @@ struct IpcMemory::Backing {
 
 // This rank's host region: one shared segment holding `layout`, header written.
 std::unique_ptr<IpcMemory::Backing> make_host_backing(const SignalLayout& layout, int rank);
-// The CUDA variant; throws Unsupported in builds without CUDA or without a device.
-std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank);
+// The CUDA variant on GPU `cuda_device` (-1: the current one); throws Unsupported in
+// builds without CUDA or without a device, InvalidArgument for a device not present.
+std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank, int cuda_device);
 
 }  // namespace tensorxfer::collectives

@@ -1,6 +1,7 @@
 // The CUDA backing of IpcMemory: one cudaMalloc allocation per rank holding
 // the SignalLayout, shared through cudaIpcGetMemHandle / cudaIpcOpenMemHandle,
-// on the device current when it was made (made current again for every later call).
+// on the device asked for or else the one current when it was made (made current
+// again for every later call).
 #include "ipc_memory_backing.h"
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
@@ -60,7 +61,8 @@ int current_device() {
 
 class CudaBacking final : public IpcMemory::Backing {
  public:
-  CudaBacking(const SignalLayout& layout, int rank) : layout_(layout), rank_(rank), device_(require_device()) {
+  CudaBacking(const SignalLayout& layout, int rank, int cuda_device)
+      : layout_(layout), rank_(rank), device_(require_device(cuda_device)) {
     CudaDeviceGuard guard(device_);
     local_ = std::make_unique<LocalAllocation>(layout.total_nbytes, device_);
     // Zero the barrier words (and the data) and wait for it: a peer must never
@@ -125,11 +127,15 @@ class CudaBacking final : public IpcMemory::Backing {
   }
 
  private:
-  static int require_device() {
+  // `requested` (-1: the current device) once it is known to exist.
+  static int require_device(int requested) {
     int device_count = 0;
     check_cuda(TENSORXFER_CUDA_CALL(cudaGetDeviceCount(&device_count)), "cudaGetDeviceCount");
     TENSORXFER_CHECK(Unsupported, device_count > 0, "IpcMemory (cuda): no CUDA device is present");
-    return current_device();
+    TENSORXFER_CHECK(InvalidArgument, requested >= -1 && requested < device_count,
+                     "IpcMemory (cuda): the device must be -1 (the current one) or in [0, ", device_count,
+                     "), got ", requested);
+    return requested == -1 ? current_device() : requested;
   }
 
   SignalLayout layout_;
@@ -142,13 +148,13 @@ class CudaBacking final : public IpcMemory::Backing {
 
 }  // namespace
 
-std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank) {
-  return std::make_unique<CudaBacking>(layout, rank);
+std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank, int cuda_device) {
+  return std::make_unique<CudaBacking>(layout, rank, cuda_device);
 }
 
 #else
 
-std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout&, int) {
+std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout&, int, int) {
   throw Unsupported("IpcMemory: device 'cuda' needs a build with CUDA (TENSORXFER_WITH_CUDA); this build has none");
 }
 

@@ -16,6 +16,7 @@ has mapped them, so nothing is left behind even if a rank is killed later.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
@@ -87,6 +88,24 @@ def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) ->
         raise
 
 
+def _device_argument(device: Any) -> tuple[str, int]:
+    """("cpu" | "cuda", GPU index or -1) for ``IpcMemory.create``'s ``device``.
+
+    The extension's CUDA runtime is not torch's and has its own current device, so
+    a plain ``"cuda"`` names torch's current GPU explicitly when torch runs CUDA.
+    """
+    if device == "cpu":
+        return "cpu", -1
+    if device == "cuda":
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return "cuda", int(torch.cuda.current_device())
+        return "cuda", -1
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return "cuda", int(device[5:])
+    raise ValueError(f"IpcMemory.create: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
 class IpcMemory:
     """Per-rank regions of ``nbytes`` bytes plus barrier words, every rank's mapped by every rank.
 
@@ -107,18 +126,19 @@ class IpcMemory:
     def create(
         cls, group: GroupLike, nbytes: int, device: str = "cpu", *, timeout: Optional[float] = None
     ) -> "IpcMemory":
-        """Collective: every rank of ``group`` calls it with the same ``nbytes`` and ``device``.
+        """Collective: every rank of ``group`` calls it with the same ``nbytes`` and kind of device.
 
-        ``device`` is ``"cpu"`` or ``"cuda"``; ``timeout`` (seconds, None = no
-        limit) bounds the exchange. Raises ``ValueError`` for bad arguments,
+        ``device`` is ``"cpu"``, ``"cuda:N"`` (this rank's region on GPU N) or
+        ``"cuda"`` (torch's current GPU when torch has CUDA, else the extension
+        runtime's current one); ``timeout`` (seconds, None = no limit) bounds the
+        exchange. Raises ``ValueError`` for bad arguments,
         ``tensorxfer.UnsupportedError`` for ``"cuda"`` without CUDA,
         ``tensorxfer.PeerLostError`` when a rank died during the exchange.
         """
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
-        native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, device)
+        kind, cuda_device = _device_argument(device)
+        native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes, kind, cuda_device)
         exchange_and_map(native, group, timeout)
         return cls(native, group, timeout)
 

@@ -132,3 +132,19 @@ def test_two_processes_map_each_others_cuda_memory():
 def test_close_frees_no_allocation_a_peer_still_has_mapped():
     # (rank, frees of memory a peer still had open, handles still open, allocations left)
     assert run_two_ranks(fake_cuda_workers.close_rank) == [(0, 0, 0, 0), (1, 0, 0, 0)]
+
+
+def test_ipc_memory_allocates_on_the_gpu_it_is_given():
+    from tensorxfer.runtime import IpcMemory, LocalGroup
+
+    fake.set_device_count(2)
+    with LocalGroup.join(f"fake-cuda-{uuid.uuid4().hex[:8]}", rank=0, world_size=1, timeout=30) as group:
+        with IpcMemory.create(group, 64, device="cuda:1", timeout=30):
+            pass
+        with pytest.raises(ValueError, match=r"in \[0, 2\), got 2"):
+            IpcMemory.create(group, 64, device="cuda:2", timeout=30)
+        with pytest.raises(ValueError, match="'cpu', 'cuda' or 'cuda:N'"):
+            IpcMemory.create(group, 64, device="cuda:x", timeout=30)
+    mallocs = [call["device"] for call in fake.calls() if call["function"] == "cudaMalloc"]
+    frees = [call["device"] for call in fake.calls() if call["function"] == "cudaFree"]
+    assert (mallocs, frees) == ([1], [1])
