@@ -78,11 +78,41 @@ def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) ->
 
     On failure the native object is closed (its segment unlinked) and the error re-raised.
     """
+    if native.device == "cuda":
+        _exchange_and_map_cuda(native, group, timeout)
+        return
     try:
         handles = group.all_gather_bytes(native.local_handle, timeout=timeout)
         native.map_peers([bytes(handle) for handle in handles])
         group.barrier(timeout=timeout)
         native.release_handles()
+    except BaseException:
+        native.close()
+        raise
+
+
+def _exchange_and_map_cuda(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
+    """The CUDA steps: a rank whose mapping failed must not free its allocation while
+    peers have it open, and the peers must not wait for it in a barrier it never
+    reaches. So every rank reports whether it mapped (an all-gather in place of the
+    barrier); on any failure each closes its imports, barriers, frees, and raises.
+    """
+    try:
+        handles = group.all_gather_bytes(native.local_handle, timeout=timeout)
+        failure: Optional[Exception] = None
+        try:
+            native.map_peers([bytes(handle) for handle in handles])
+        except Exception as error:  # reported to every rank below
+            failure = error
+        outcomes = group.all_gather_bytes(b"mapped" if failure is None else b"failed", timeout=timeout)
+        failed = [rank for rank, outcome in enumerate(outcomes) if bytes(outcome) != b"mapped"]
+        if failed:
+            native.close_peer_mappings()
+            group.barrier(timeout=timeout)
+            native.close()
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"IpcMemory.create: rank(s) {failed} could not map the CUDA regions of their peers")
     except BaseException:
         native.close()
         raise

@@ -45,3 +45,20 @@ def close_rank(rank: int, name: str, results: Any) -> None:
         results.put((rank, core.fake_cuda.freed_while_imported(), core.fake_cuda.open_imports(),
                      core.fake_cuda.live_allocations()))
         group.barrier(timeout=60)
+
+
+def failing_map_rank(rank: int, name: str, results: Any) -> None:
+    """Rank 1 cannot open rank 0's handle; both must raise promptly, and no rank may free
+    memory the other still has open."""
+    from tensorxfer.runtime import IpcMemory, LocalGroup
+
+    if rank == 1:
+        core.fake_cuda.fail("cudaIpcOpenMemHandle", 205)  # cudaErrorMapBufferObjectFailed
+    with LocalGroup.join(name, rank=rank, world_size=2, timeout=60) as group:
+        try:
+            IpcMemory.create(group, 64, device="cuda", timeout=20)
+            outcome = "created"
+        except Exception as error:  # noqa: BLE001 - the test reports the type
+            outcome = type(error).__name__
+        results.put((rank, outcome, core.fake_cuda.freed_while_imported(), core.fake_cuda.live_allocations()))
+        group.barrier(timeout=60)

@@ -148,3 +148,9 @@ def test_ipc_memory_allocates_on_the_gpu_it_is_given():
     mallocs = [call["device"] for call in fake.calls() if call["function"] == "cudaMalloc"]
     frees = [call["device"] for call in fake.calls() if call["function"] == "cudaFree"]
     assert (mallocs, frees) == ([1], [1])
+
+
+def test_a_rank_that_cannot_map_fails_every_rank_and_frees_nothing_still_open():
+    # (rank, what create raised, frees of memory a peer still had open, allocations left)
+    assert run_two_ranks(fake_cuda_workers.failing_map_rank) == [
+        (0, "RuntimeError", 0, 0), (1, "TensorxferError", 0, 0)]
