@@ -98,10 +98,13 @@ void bind_collectives(py::module_& module) {
                         "Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).")
       .def_static(
           "create_local",
-          [](int rank, int world_size, std::size_t nbytes, const std::string& device) {
-            return IpcMemory::create_local(rank, world_size, nbytes, device_argument(device));
+          [](int rank, int world_size, std::size_t nbytes, const std::string& device, int cuda_device) {
+            const MemoryDevice memory_device = device_argument(device);
+            py::gil_scoped_release released;  // cuda: cudaMalloc, cudaMemcpy, cudaDeviceSynchronize
+            return IpcMemory::create_local(rank, world_size, nbytes, memory_device, cuda_device);
           },
           py::arg("rank"), py::arg("world_size"), py::arg("nbytes"), py::arg("device") = "cpu",
+          py::arg("cuda_device") = -1,
           "Step 1: this rank's region (zeroed).")
       .def_property_readonly("local_handle", [](const IpcMemory& memory) { return py::bytes(memory.local_handle()); },
                              "What peers pass to map_peers (bytes).")
@@ -110,6 +113,7 @@ void bind_collectives(py::module_& module) {
           [](IpcMemory& memory, const std::vector<py::bytes>& handles) {
             std::vector<std::string> native;
             for (const auto& handle : handles) native.push_back(std::string(handle));
+            py::gil_scoped_release released;  // cuda: cudaIpcOpenMemHandle, cudaMemcpy
             memory.map_peers(native);
           },
           py::arg("handles"), "Step 2: map every rank's region; handles in rank order.")
@@ -139,7 +143,8 @@ void bind_collectives(py::module_& module) {
           },
           py::arg("rank"), "Rank `rank`'s data region as a uint8 numpy array (keeps the mapping alive).")
       .def("check_peers_alive", &IpcMemory::check_peers_alive)
-      .def("close", &IpcMemory::close);
+      .def("close_peer_mappings", &IpcMemory::close_peer_mappings, py::call_guard<py::gil_scoped_release>())
+      .def("close", &IpcMemory::close, py::call_guard<py::gil_scoped_release>());  // cuda: cudaFree
 
   module.def("communicator_required_nbytes", &Communicator::required_data_nbytes, py::arg("max_bytes"),
              py::arg("buffer_bytes"), py::arg("world_size"));

@@ -286,6 +286,7 @@ void bind_managed(py::module_& module) {
       "managed_advise_preferred_location",
       [](const PyTensorView& tensor, const std::string& argument, int device) {
         require_contiguous(tensor.view, argument.c_str());
+        py::gil_scoped_release released;  // cudaMemAdvise blocks
         managed::advise_preferred_location(tensor.view.data, tensor.view.nbytes(), device);
       },
       py::arg("view"), py::arg("argument"), py::arg("device"));
@@ -293,6 +294,7 @@ void bind_managed(py::module_& module) {
       "managed_advise_accessed_by",
       [](const PyTensorView& tensor, const std::string& argument, int device) {
         require_contiguous(tensor.view, argument.c_str());
+        py::gil_scoped_release released;  // cudaMemAdvise blocks
         managed::advise_accessed_by(tensor.view.data, tensor.view.nbytes(), device);
       },
       py::arg("view"), py::arg("argument"), py::arg("device"));

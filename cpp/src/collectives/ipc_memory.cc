@@ -113,11 +113,13 @@ void IpcMemory::check_rank_arguments(int rank, int world_size) const {
                    "), got ", rank);
 }
 
-IpcMemory IpcMemory::create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device) {
+IpcMemory IpcMemory::create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device,
+                                  int cuda_device) {
   IpcMemory memory;
   memory.check_rank_arguments(rank, world_size);
   const SignalLayout layout = SignalLayout::compute(world_size, data_nbytes);
-  memory.backing_ = device == MemoryDevice::kHost ? make_host_backing(layout, rank) : make_cuda_backing(layout, rank);
+  memory.backing_ = device == MemoryDevice::kHost ? make_host_backing(layout, rank)
+                                                  : make_cuda_backing(layout, rank, cuda_device);
   memory.data_nbytes_ = data_nbytes;
   memory.num_workers = world_size;
   memory.worker_id = rank;
@@ -195,6 +197,17 @@ bool IpcMemory::peer_alive(int rank) const noexcept {
 void IpcMemory::check_peers_alive() const {
   TENSORXFER_CHECK(Closed, backing_ != nullptr, "IpcMemory is closed");
   backing_->check_peers_alive();
+}
+
+void IpcMemory::close_peer_mappings() noexcept {
+  if (!backing_ || backing_->device() != MemoryDevice::kCuda) return;
+  backing_->close_peer_mappings();
+  for (int rank = 0; rank < num_workers; ++rank) {
+    if (rank == worker_id) continue;
+    const auto index = static_cast<std::size_t>(rank);
+    remote_data[index] = barrier_in[index] = barrier_out[index] = nullptr;
+    wake_[index] = nullptr;
+  }
 }
 
 void IpcMemory::close() noexcept {

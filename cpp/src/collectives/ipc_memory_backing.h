@@ -21,6 +21,9 @@ struct IpcMemory::Backing {
   // Maps rank `rank`'s region from its handle, validates it, returns its base.
   virtual std::byte* map_peer(int rank, const std::string& handle) = 0;
   virtual void release_handles() noexcept = 0;
+  // Unmaps the peers' regions, keeping this rank's own (CUDA: cudaIpcCloseMemHandle,
+  // so an exporter may free once every rank did this; host: nothing to do early).
+  virtual void close_peer_mappings() noexcept {}
   // Throws PeerLost naming the lowest rank whose region's creator exited.
   virtual void check_peers_alive() const = 0;
   // False once rank `rank`'s creator exited or closed (true when it cannot tell).
@@ -30,7 +33,8 @@ struct IpcMemory::Backing {
 
 // This rank's host region: one shared segment holding `layout`, header written.
 std::unique_ptr<IpcMemory::Backing> make_host_backing(const SignalLayout& layout, int rank);
-// The CUDA variant; throws Unsupported in builds without CUDA or without a device.
-std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank);
+// The CUDA variant on GPU `cuda_device` (-1: the current one); throws Unsupported in
+// builds without CUDA or without a device, InvalidArgument for a device not present.
+std::unique_ptr<IpcMemory::Backing> make_cuda_backing(const SignalLayout& layout, int rank, int cuda_device);
 
 }  // namespace tensorxfer::collectives

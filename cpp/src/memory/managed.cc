@@ -5,6 +5,7 @@
 
 #include "tensorxfer/common/cuda_runtime_calls.h"
 #include "tensorxfer/common/cuda_check.h"
+#include "tensorxfer/common/cuda_device_guard.h"
 #include "tensorxfer/common/error.h"
 
 #ifdef TENSORXFER_WITH_CUDA
@@ -24,23 +25,6 @@ cudaMemLocation location_of(int device) {
   return location;
 }
 #endif
-
-// Makes `device` current for the scope, restoring the previous one after.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    check_cuda(TENSORXFER_CUDA_CALL(cudaGetDevice(&previous_)), "cudaGetDevice");
-    if (device != previous_) {
-      check_cuda(TENSORXFER_CUDA_CALL(cudaSetDevice(device)), "cudaSetDevice(" + std::to_string(device) + ")");
-    }
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-  ~CurrentDevice() { (void)TENSORXFER_CUDA_CALL(cudaSetDevice(previous_)); }
-
- private:
-  int previous_ = 0;
-};
 
 #endif  // TENSORXFER_WITH_CUDA
 
@@ -148,7 +132,7 @@ void* allocate(std::size_t bytes, int device) {
 #ifdef TENSORXFER_WITH_CUDA
   void* pointer = nullptr;
   if (device >= 0) {
-    CurrentDevice current(device);
+    CudaDeviceGuard guard(device);
     check_cuda(TENSORXFER_CUDA_CALL(cudaMallocManaged(&pointer, bytes, cudaMemAttachGlobal)),
                "cudaMallocManaged(" + std::to_string(bytes) + " bytes)");
   } else {
@@ -182,6 +166,13 @@ void prefetch(const void* pointer, std::size_t bytes, int device, void* stream) 
   if (bytes == 0) return;
   require_target(device, "prefetch_managed_tensor");
   require_managed(pointer, "prefetch_managed_tensor");
+  // Without concurrent managed access (Windows, some Tegra and virtualised GPUs) a GPU
+  // prefetch fails with "invalid device": say what is missing instead.
+  if (device != kCpuDeviceId && !concurrent_managed_access(device)) {
+    throw Unsupported("prefetch_managed_tensor: GPU " + std::to_string(device) +
+                      " has no concurrent managed access (cudaDevAttrConcurrentManagedAccess is 0), "
+                      "so managed memory cannot be prefetched to it");
+  }
 #ifdef TENSORXFER_WITH_CUDA
   auto cuda_stream = static_cast<cudaStream_t>(stream);
 #if CUDART_VERSION >= 13000

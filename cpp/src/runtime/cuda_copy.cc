@@ -9,29 +9,11 @@
 #include <utility>
 
 #include "tensorxfer/common/cuda_check.h"
+#include "tensorxfer/common/cuda_device_guard.h"
 #include "tensorxfer/common/cuda_runtime_calls.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::runtime {
-namespace {
-
-// Makes `device` current for the scope (streams and events belong to a device),
-// restoring the previous one after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check_cuda(TENSORXFER_CUDA_CALL(cudaGetDevice(&previous_)), "cudaGetDevice");
-    if (device != previous_) check_cuda(TENSORXFER_CUDA_CALL(cudaSetDevice(device)), "cudaSetDevice");
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() { (void)TENSORXFER_CUDA_CALL(cudaSetDevice(previous_)); }
-
- private:
-  int previous_ = 0;
-};
-
-}  // namespace
 
 CudaCopySubmitter CudaCopySubmitter::create(int device) {
   if (device < 0) {
@@ -43,7 +25,7 @@ CudaCopySubmitter CudaCopySubmitter::create(int device) {
     throw InvalidArgument("CudaCopySubmitter: device must be in [0, " + std::to_string(count) +
                           ") (the GPUs present), got " + std::to_string(device));
   }
-  DeviceScope scope(device);
+  CudaDeviceGuard guard(device);
   cudaEvent_t event = nullptr;
   check_cuda(TENSORXFER_CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)),
              "CudaCopySubmitter: cudaEventCreateWithFlags");
@@ -76,7 +58,7 @@ void CudaCopySubmitter::release() noexcept {
 void CudaCopySubmitter::order_after(void* stream, void* waited_stream) {
   if (stream == waited_stream) return;
   if (event_ == nullptr) throw InvalidArgument("CudaCopySubmitter: used after being moved from");
-  DeviceScope scope(device_);
+  CudaDeviceGuard guard(device_);
   auto event = static_cast<cudaEvent_t>(event_);
   // The wait captures the event's state at this call, so reusing one event for every order_after is safe.
   check_cuda(TENSORXFER_CUDA_CALL(cudaEventRecord(event, static_cast<cudaStream_t>(waited_stream))),
@@ -92,10 +74,45 @@ void CudaCopySubmitter::copy_host_to_device(void* device_dst, const void* host_s
     throw InvalidArgument("copy_host_to_device: dst and src must not be null for a copy of " +
                           std::to_string(bytes) + " bytes");
   }
-  DeviceScope scope(device_);
+  CudaDeviceGuard guard(device_);
   check_cuda(TENSORXFER_CUDA_CALL(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
                                                   static_cast<cudaStream_t>(stream))),
              "copy_host_to_device: cudaMemcpyAsync");
+}
+
+namespace {
+
+// Whether the byte at `pointer` is page-locked host memory (registered or cudaHostAlloc'ed).
+bool is_pinned_byte(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  check_cuda(TENSORXFER_CUDA_CALL(cudaPointerGetAttributes(&attributes, pointer)), "cudaPointerGetAttributes");
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+}  // namespace
+
+bool register_host_memory(void* pointer, std::size_t bytes, int device) {
+  if (pointer == nullptr || bytes == 0) {
+    throw InvalidArgument("register_host_memory: need a non-null pointer and bytes > 0, got " +
+                          std::to_string(bytes) + " bytes");
+  }
+  CudaDeviceGuard guard(device);
+  const bool first = is_pinned_byte(pointer);
+  const bool last = is_pinned_byte(static_cast<const char*>(pointer) + bytes - 1);
+  if (first && last) return false;
+  if (first || last) {
+    throw InvalidArgument("register_host_memory: " + std::to_string(bytes) + " bytes are pinned only in part (" +
+                          (first ? "the first" : "the last") +
+                          " byte is, the other end is not); cudaHostRegister would refuse the overlap");
+  }
+  check_cuda(TENSORXFER_CUDA_CALL(cudaHostRegister(pointer, bytes, cudaHostRegisterDefault)),
+             "cudaHostRegister(" + std::to_string(bytes) + " bytes)");
+  return true;
+}
+
+void unregister_host_memory(void* pointer, int device) {
+  CudaDeviceGuard guard(device);
+  check_cuda(TENSORXFER_CUDA_CALL(cudaHostUnregister(pointer)), "cudaHostUnregister");
 }
 
 }  // namespace tensorxfer::runtime

@@ -17,6 +17,7 @@ has mapped them, so nothing is left behind even if a rank is killed later.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
@@ -125,6 +126,24 @@ def _agree(what: str, group: GroupLike, ok: bool, text: str, layout: Dict[str, A
     return [str(reply["text"]) for reply in replies]
 
 
+def _device_argument(device: Any) -> tuple[str, int]:
+    """("cpu" | "cuda", GPU index or -1) for ``IpcMemory.create``'s ``device``.
+
+    The extension's CUDA runtime is not torch's and has its own current device, so
+    a plain ``"cuda"`` names torch's current GPU explicitly when torch runs CUDA.
+    """
+    if device == "cpu":
+        return "cpu", -1
+    if device == "cuda":
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return "cuda", int(torch.cuda.current_device())
+        return "cuda", -1
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return "cuda", int(device[5:])
+    raise ValueError(f"IpcMemory.create: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
 def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], device: str, timeout: Optional[float],
                    layout: Optional[Dict[str, Any]] = None) -> Any:
     """Collective: a mapped ``_core.IpcMemory`` of ``nbytes()`` per rank, every rank's mapped here.
@@ -139,9 +158,11 @@ def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], devic
     """
     layout = dict(layout or {})
     native = None
+    peers_may_map_ours = False
     try:
         try:
-            native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes(), device)
+            kind, cuda_device = _device_argument(device)
+            native = _core.IpcMemory.create_local(int(group.rank), int(group.world_size), nbytes(), kind, cuda_device)
             handle, error = bytes(native.local_handle).hex(), None
         except Exception as failure:  # noqa: BLE001 - reported to the peers, then re-raised
             handle, error = f"{type(failure).__name__}: {failure}", failure
@@ -152,6 +173,7 @@ def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], devic
         if error is not None:
             raise error
         assert native is not None
+        peers_may_map_ours = True
         try:
             native.map_peers([bytes.fromhex(h) for h in handles])
         except Exception as failure:  # noqa: BLE001
@@ -166,22 +188,21 @@ def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], devic
         return native
     except BaseException:
         if native is not None:
-            native.close()
+            if peers_may_map_ours and native.device == "cuda":
+                _close_cuda_collectively(native, group, timeout)
+            else:
+                native.close()
         raise
 
 
-def exchange_and_map(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
-    """Steps 2 and 3 of building an IpcMemory made with ``create_local``: all-gather the handles,
-    map, barrier, unlink. On failure the native object is closed (its segment unlinked) and the
-    error re-raised. (:func:`create_and_map` also carries a failure of ``create_local`` to the peers.)"""
+def _close_cuda_collectively(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
+    """Frees this rank's CUDA allocation only after every rank closed its imports of it:
+    close ours of the peers', barrier, then free (freed also when the barrier fails)."""
+    native.close_peer_mappings()
     try:
-        handles = _gather(group, native.local_handle, timeout)
-        native.map_peers([bytes(handle) for handle in handles])
         group.barrier(timeout=timeout)
-        native.release_handles()
-    except BaseException:
+    finally:
         native.close()
-        raise
 
 
 class IpcMemory:
@@ -193,30 +214,35 @@ class IpcMemory:
     Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, native: Any) -> None:
-        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`)."""
+    def __init__(self, native: Any, group: Optional[GroupLike] = None, timeout: Optional[float] = None) -> None:
+        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`); ``group`` and
+        ``timeout`` serve the collective close of CUDA memory."""
         self._native = native
+        self._group = group
+        self._timeout = timeout
 
     @classmethod
     def create(
         cls, group: GroupLike, nbytes: int, device: str = "cpu", *, timeout: Optional[float] = None
     ) -> "IpcMemory":
-        """Collective: every rank of ``group`` calls it with the same ``nbytes`` and ``device``.
+        """Collective: every rank of ``group`` calls it with the same ``nbytes`` and kind of device.
 
-        ``device`` is ``"cpu"`` or ``"cuda"``; ``timeout`` (seconds, None = no
-        limit) bounds the exchange. Raises ``ValueError`` for bad arguments,
+        ``device`` is ``"cpu"``, ``"cuda:N"`` (this rank's region on GPU N) or
+        ``"cuda"`` (torch's current GPU when torch has CUDA, else the extension
+        runtime's current one); ``timeout`` (seconds, None = no limit) bounds the
+        exchange. Raises ``ValueError`` for bad arguments,
         ``tensorxfer.UnsupportedError`` for ``"cuda"`` without CUDA,
         ``tensorxfer.PeerLostError`` when a rank died during the exchange.
         """
         def size() -> int:  # checked inside the exchange, so a bad argument fails every rank
             if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
                 raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
-            if device not in ("cpu", "cuda"):
-                raise ValueError(f"IpcMemory.create: device must be 'cpu' or 'cuda', got {device!r}")
+            _device_argument(device)  # ValueError for anything but cpu, cuda, cuda:N
             return nbytes
 
+        kind = str(device).split(":")[0]  # each rank may name its own GPU: the kind must agree
         return cls(create_and_map("IpcMemory.create", group, size, device, timeout,
-                                  {"nbytes": nbytes, "device": device}))
+                                  {"nbytes": nbytes, "device": kind}), group, timeout)
 
     @property
     def num_workers(self) -> int:
@@ -280,7 +306,18 @@ class IpcMemory:
         return typed_view(self._native.region(int(rank)), dtype, shape, "IpcMemory.buffer")
 
     def close(self) -> None:
-        """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent."""
+        """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent.
+
+        ``device="cuda"``: collective. Each rank closes its imports of the peers'
+        allocations, waits for every rank to have done so (a group barrier bounded
+        by the ``timeout`` given to :meth:`create`), then frees its own, so no rank
+        frees memory a peer still has mapped. The allocation is freed also when the
+        barrier fails (a peer died: ``PeerLostError`` is raised after freeing).
+        """
+        group, self._group = self._group, None
+        if group is not None and self.device == "cuda" and not self.closed:
+            _close_cuda_collectively(self._native, group, self._timeout)
+            return
         self._native.close()
 
     def __enter__(self) -> "IpcMemory":

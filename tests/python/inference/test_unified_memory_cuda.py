@@ -6,6 +6,7 @@ Skipped, with the reason, where the core sees no CUDA device or torch has no CUD
 from __future__ import annotations
 
 import pytest
+from cuda_availability import fail_if_the_core_misses_torchs_gpu
 from unified_memory_helpers import gpu_status
 
 from tensorxfer import _core
@@ -13,6 +14,7 @@ from tensorxfer.inference import unified_memory as um
 
 HAS_GPU, NO_GPU_REASON = gpu_status()
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+fail_if_the_core_misses_torchs_gpu(torch)
 
 pytestmark = [
     pytest.mark.cuda,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from collectives_workers import run_spawned
+from cuda_availability import fail_if_the_core_misses_torchs_gpu
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+fail_if_the_core_misses_torchs_gpu(torch)
 
 pytestmark = [
     pytest.mark.cuda,

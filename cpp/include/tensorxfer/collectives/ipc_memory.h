@@ -63,8 +63,11 @@ class IpcMemory {
   static IpcMemory create(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device,
                           const Exchange& exchange);
 
-  // Step 1: this rank's region (zeroed), not yet mapped by anyone else.
-  static IpcMemory create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device);
+  // Step 1: this rank's region (zeroed), not yet mapped by anyone else. kCuda:
+  // on GPU `cuda_device` (-1: the device current on this thread), which every
+  // later CUDA call of this object makes current again.
+  static IpcMemory create_local(int rank, int world_size, std::size_t data_nbytes, MemoryDevice device,
+                                int cuda_device = -1);
   // What peers need to map this rank's region (a segment name, or CUDA handle bytes).
   const std::string& local_handle() const;
   // Step 2: map every rank's region; `handles` in rank order (own entry ignored).
@@ -97,6 +100,11 @@ class IpcMemory {
   void check_peers_alive() const;
   // False once rank `rank`'s creator exited or closed; true when it cannot tell.
   bool peer_alive(int rank) const noexcept;
+
+  // CUDA: closes this rank's imports of the peers' allocations, keeping its own,
+  // so that after a group barrier every rank may free its allocation (close()).
+  // Host: nothing. The peers' entries of the public vectors become null. Never throws.
+  void close_peer_mappings() noexcept;
 
   // Ends this rank's use: host segments are detached (and unlinked) but stay
   // mapped until destruction, so views made earlier never dangle; CUDA handles

@@ -44,7 +44,8 @@ std::string release(void* pointer) noexcept;
 
 // cudaMemPrefetchAsync of [pointer, pointer + bytes) to `device` (-1: CPU) on
 // `stream`. The pointer must be managed (InvalidArgument otherwise); bytes == 0
-// is a no-op. Uses the cudaMemLocation form on CUDA 13+, the device-id form before.
+// is a no-op. A GPU `device` without concurrent managed access is Unsupported.
+// Uses the cudaMemLocation form on CUDA 13+, the device-id form before.
 void prefetch(const void* pointer, std::size_t bytes, int device, void* stream);
 
 // cudaMemAdviseSetPreferredLocation for `device` (-1: CPU).

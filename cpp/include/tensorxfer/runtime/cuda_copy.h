@@ -52,4 +52,18 @@ class CudaCopySubmitter {
   void* event_ = nullptr;  // cudaEvent_t, created with cudaEventDisableTiming
 };
 
+// Page-locks ordinary host memory [pointer, pointer + bytes) in place for GPU
+// `device` (cudaHostRegister with that device current), so copies from it are
+// DMA. Returns true when it registered the range (undo with
+// unregister_host_memory before the memory is freed), false when the whole range
+// was already pinned by its owner (nothing to undo): both its first and its last
+// byte are. A range pinned only in part, or a failed registration, throws
+// (InvalidArgument, Unsupported or Error, see check_cuda) with the runtime's last
+// error cleared, so the failure does not surface in an unrelated later call.
+bool register_host_memory(void* pointer, std::size_t bytes, int device);
+
+// cudaHostUnregister(pointer) with GPU `device` current; `pointer` is the start of
+// a range register_host_memory registered. Safe from any thread.
+void unregister_host_memory(void* pointer, int device);
+
 }  // namespace tensorxfer::runtime

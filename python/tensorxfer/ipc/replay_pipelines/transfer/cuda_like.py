@@ -112,35 +112,53 @@ class CudaLikeReplayTransferBackend(TorchStreamBackendBase):
 
     # -- host slots --------------------------------------------------------------
     def _register_host_slots_impl(self, slots: List[Any]) -> List[Tuple[int, Any]]:
-        torch = self._torch
-        tensors = host_slot_tensors(torch, slots, prefault=False)  # cudaHostRegister faults the pages in
-        cudart = torch.cuda.cudart()
+        tensors = host_slot_tensors(self._torch, slots, prefault=False)  # cudaHostRegister faults the pages in
         registered: List[Tuple[int, Any]] = []
         self.pin_error = None
-        with torch.cuda.device(self.device):
-            for index, tensor in enumerate(tensors):
-                nbytes = tensor.numel() * tensor.element_size()
-                if nbytes == 0 or tensor.is_pinned():
-                    registered.append((0, tensor))  # nothing to register (already pinned by its owner)
-                    continue
-                status = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, _CUDA_HOST_REGISTER_DEFAULT)
-                if int(status) != 0:
-                    self.pin_error = (
-                        f"cudaHostRegister(slots[{index}], {nbytes} bytes) failed with error {int(status)}"
-                    )
-                    self._release_host_slots_impl(registered)
-                    return []
-                registered.append((tensor.data_ptr(), tensor))
+        for index, tensor in enumerate(tensors):
+            nbytes = tensor.numel() * tensor.element_size()
+            if nbytes == 0:
+                registered.append((0, tensor))
+                continue
+            try:
+                pinned_here = self._pin(tensor.data_ptr(), nbytes, tensor)
+            except (RuntimeError, ValueError, OSError) as error:
+                self.pin_error = f"cudaHostRegister(slots[{index}], {nbytes} bytes) failed: {error}"
+                self._release_host_slots_impl(registered)
+                return []
+            # 0: already pinned by its owner, nothing to undo.
+            registered.append((tensor.data_ptr() if pinned_here else 0, tensor))
         self.host_pinned = self.direct_pinned_shared = True
         return registered
+
+    def _pin(self, pointer: int, nbytes: int, tensor: Any) -> bool:
+        """Page-locks one slot; True when this call registered it (to be undone)."""
+        if self._native is not None:
+            # In the extension: the whole range is checked, and a failure leaves no CUDA error set.
+            return bool(_core.cuda_host_register(pointer, nbytes, self.device.index))
+        # ROCm, or an extension whose CUDA runtime cannot start: torch's runtime does it
+        # (whether the slot is pinned is judged from its first byte there).
+        if tensor.is_pinned():
+            return False
+        with self._torch.cuda.device(self.device):
+            status = int(self._torch.cuda.cudart().cudaHostRegister(pointer, nbytes, _CUDA_HOST_REGISTER_DEFAULT))
+        if status != 0:
+            raise RuntimeError(f"error {status}")
+        return True
 
     def _release_host_slots_impl(self, registration: List[Tuple[int, Any]]) -> None:
         self.host_pinned = self.direct_pinned_shared = False
         pointers = [pointer for pointer, _tensor in registration if pointer]
-        if pointers:
-            # No DMA may still read memory being unpinned.
-            self._synchronize_copy_stream("the copy stream before cudaHostUnregister")
-            cudart = self._torch.cuda.cudart()
+        if not pointers:
+            return
+        # No DMA may still read memory being unpinned.
+        self._synchronize_copy_stream("the copy stream before cudaHostUnregister")
+        if self._native is not None:
+            for pointer in pointers:
+                _core.cuda_host_unregister(pointer, self.device.index)  # with the slot's device current
+            return
+        cudart = self._torch.cuda.cudart()
+        with self._torch.cuda.device(self.device):
             for pointer in pointers:
                 cudart.cudaHostUnregister(pointer)
 
