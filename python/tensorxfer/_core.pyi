@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'describe_spans', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'read_process_memory', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -383,13 +383,15 @@ class IpcMemory:
     Per-rank data regions and barrier words mapped by every rank (tensorxfer/collectives/ipc_memory.h).
     """
     @staticmethod
-    def create_local(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: str = 'cpu') -> IpcMemory:
+    def create_local(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: str = 'cpu', cuda_device: typing.SupportsInt | typing.SupportsIndex = -1) -> IpcMemory:
         """
         Step 1: this rank's region (zeroed).
         """
     def check_peers_alive(self) -> None:
         ...
     def close(self) -> None:
+        ...
+    def close_peer_mappings(self) -> None:
         ...
     def map_peers(self, handles: collections.abc.Sequence[bytes]) -> None:
         """
@@ -548,6 +550,10 @@ def allow_memory_readers() -> bool:
     """
     Lets this user's other processes read this one's memory under Yama ptrace_scope 1.
     """
+def best_half_kernels() -> str:
+    """
+    The kernel set the collectives use on this CPU.
+    """
 def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
 def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
@@ -568,6 +574,14 @@ def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], en
     """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
+def cuda_host_register(pointer: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    Pins host memory in place for GPU `device`: True when registered (undo with cuda_host_unregister), False when the whole range was already pinned. Raises with the CUDA error cleared.
+    """
+def cuda_host_unregister(pointer: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    cudaHostUnregister with GPU `device` current (GIL released).
+    """
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
 def cuda_runtime_calls() -> int:
@@ -578,9 +592,21 @@ def cuda_status() -> dict:
     ...
 def current_numa_node() -> int:
     ...
+def current_process_identity() -> tuple[int, int]:
+    """
+    (pid, start_ticks) of this process: an identity a reused pid does not share.
+    """
 def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
     """
     (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
+    """
+def find_task_pairs(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64]) -> tuple[str, int, int, int, numpy.typing.NDArray[numpy.int64]]:
+    """
+    Pairs (task_id, nbytes, src_rank, dest_rank) rows by task_id: (problem, send_index, receive_index, other_index, pairs (n, 2) of (send row, receive row) in task_id order); problem is '' when they pair up, else the first of duplicate_send, duplicate_receive, missing_receive, missing_send, ranks_differ, sizes_differ (resharding/task_matcher.h).
+    """
+def half_kernel_sets() -> list[str]:
+    """
+    Names of the half-precision kernel sets this CPU runs, narrowest first.
     """
 def huge_page_size() -> int:
     """
@@ -646,9 +672,17 @@ def probe_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address
     """
     True if the bytes at `address` in `pid` can be read and equal `expected` (at most 4096 bytes).
     """
+def process_is_alive(pid: typing.SupportsInt | typing.SupportsIndex, start_ticks: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    True while the process of that identity exists, has not exited and is the same process (pids are only meaningful within one pid namespace).
+    """
 def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, dst: typing.Any, engine: CopyEngine) -> None:
     """
     Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).
+    """
+def reduce_elements(dtype: str, op: str, sources: collections.abc.Sequence[typing.Any], out: typing.Any, divisor: typing.SupportsInt | typing.SupportsIndex, kernels: str = 'auto') -> None:
+    """
+    out = op(sources...) elementwise, in source order, as the collectives reduce (dtype 'bfloat16' or 'float16' reads uint16 buffers as that type; otherwise out's dtype).
     """
 def require_contiguous_host(view: TensorView, argument: str) -> None:
     ...
