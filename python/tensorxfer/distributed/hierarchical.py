@@ -1,0 +1,106 @@
+"""Collectives of one process group: shared memory inside a host, gloo across hosts.
+
+On one host every accelerated op is one :class:`~tensorxfer.runtime.Communicator`
+call. Across hosts of equal size, ``all_reduce`` is hierarchical:
+
+1. reduce-scatter inside the host over shared memory (local rank i gets shard i);
+2. all-reduce of shard i among the ranks with local index i, one per host, over gloo;
+3. all-gather inside the host over shared memory.
+
+With hosts of unequal size, each host reduces over shared memory, the hosts'
+first ranks all-reduce over gloo, and each first rank broadcasts the result over
+shared memory. Every rank ends with bitwise the same result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from tensorxfer.distributed.topology import Topology
+from tensorxfer.runtime import Communicator
+
+#: Communicator's reduction dtypes (all_gather and broadcast copy any dtype).
+REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+#: torch reduce ops Communicator runs, by their Communicator name.
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def op_name(reduce_op: Any) -> Optional[str]:
+    """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
+    for name, torch_op in REDUCE_OPS.items():
+        try:
+            if reduce_op == torch_op:
+                return name
+        except TypeError:
+            return None
+    return None
+
+
+def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
+    """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None."""
+    if tensor.dtype not in REDUCE_DTYPES:
+        return None
+    return op_name(reduce_op)
+
+
+class HostCollectives:
+    """Runs reductions and copies over ``comm`` (this host) and ``cross`` (gloo, across hosts)."""
+
+    def __init__(self, topology: Topology, comm: Communicator, cross: Any, timeout_s: float) -> None:
+        self.topology = topology
+        self.comm = comm
+        self.cross = cross  # None on one host, or for non-leaders with hosts of unequal sizes
+        self.timeout_s = timeout_s
+        self.world_size = sum(len(ranks) for ranks in topology.hosts)
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.topology.hosts) > 1
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        """In place; ``tensor`` contiguous, on the CPU, of a reducible dtype."""
+        if tensor.numel() == 0:
+            return
+        if not self.multi_host:
+            self.comm.all_reduce(tensor, op, timeout=self.timeout_s)
+        elif self.topology.equal_hosts:
+            self._all_reduce_sharded(tensor.view(-1), op)
+        else:
+            self._all_reduce_through_leaders(tensor, op)
+
+    def _cross_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        torch_op = REDUCE_OPS["sum" if op == "avg" else op]
+        options = dist.AllreduceOptions()
+        options.reduceOp = torch_op
+        self.cross.allreduce([tensor], options).wait()
+
+    def _finish_avg(self, tensor: torch.Tensor, op: str) -> None:
+        if op == "avg":
+            if tensor.is_floating_point():
+                tensor.div_(self.world_size)
+            else:
+                tensor.copy_(torch.div(tensor, self.world_size, rounding_mode="floor"))
+
+    def _all_reduce_sharded(self, flat: torch.Tensor, op: str) -> None:
+        local_size = len(self.topology.local_ranks)
+        in_host_op = "sum" if op == "avg" else op
+        shard_elems = -(-flat.numel() // local_size)
+        padded = torch.zeros(shard_elems * local_size, dtype=flat.dtype)
+        padded[: flat.numel()].copy_(flat)
+        shard = torch.empty(shard_elems, dtype=flat.dtype)
+        self.comm.reduce_scatter(shard, padded, in_host_op, timeout=self.timeout_s)
+        self._cross_all_reduce(shard, op)
+        self._finish_avg(shard, op)
+        self.comm.all_gather(padded, shard, timeout=self.timeout_s)
+        flat.copy_(padded[: flat.numel()])
+
+    def _all_reduce_through_leaders(self, tensor: torch.Tensor, op: str) -> None:
+        in_host_op = "sum" if op == "avg" else op
+        self.comm.all_reduce(tensor, in_host_op, timeout=self.timeout_s)
+        if self.topology.local_rank == 0:
+            self._cross_all_reduce(tensor, op)
+            self._finish_avg(tensor, op)
+        self.comm.broadcast(tensor, 0, timeout=self.timeout_s)
