@@ -20,8 +20,11 @@ backend named for their device (``"cpu:tensorxfer,cuda:nccl"``), else raise.
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util
 import secrets
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,6 +40,23 @@ from tensorxfer.errors import PeerLostError
 from tensorxfer.runtime import Communicator, LocalGroup
 
 _FAILURE_KEY = "failure/dead-rank"
+#: Groups not shut down yet. torch's registry keeps a group alive until
+#: destroy_process_group(), so a program that exits without it would leave the
+#: local group's segment in /dev/shm: these are shut down at exit instead.
+_live_groups: "weakref.WeakSet[TensorxferProcessGroup]" = weakref.WeakSet()
+
+
+def _shut_down_live_groups() -> None:
+    for group in list(_live_groups):
+        try:
+            group.shutdown(wait_s=1.0)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+atexit.register(_shut_down_live_groups)
+# multiprocessing children leave through os._exit, after running these finalizers.
+multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
 
 
 def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
@@ -67,6 +87,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._ops = OpThread(f"tensorxfer-pg-{rank}", self._describe_failure)
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", self._describe_failure)
         self._closed = False
+        _live_groups.add(self)
 
     # ---- construction ------------------------------------------------------------
 
@@ -378,12 +399,15 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     # ---- lifetime --------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Finishes queued ops, then unmaps the shared memory (called by ``destroy_process_group``)."""
+    def shutdown(self, wait_s: Optional[float] = None) -> None:
+        """Finishes queued ops (waiting up to ``wait_s``, default the group's timeout), then unmaps
+        the shared memory. ``destroy_process_group`` calls it."""
         if self._closed:
             return
         self._closed = True
-        stopped = self._ops.stop(self._timeout_s) and self._p2p.stop(self._timeout_s)
+        _live_groups.discard(self)
+        wait_s = self._timeout_s if wait_s is None else wait_s
+        stopped = self._ops.stop(wait_s) and self._p2p.stop(wait_s)
         if stopped:  # a thread still inside a native wait keeps using the memory: leave it to exit
             self._release_shared_memory()
 

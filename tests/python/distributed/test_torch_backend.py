@@ -130,10 +130,10 @@ def test_ddp_20_steps_bitwise_equal_to_gloo(tmp_path):
 
 
 def test_fsdp_on_cpu_matches_gloo(tmp_path):
-    try:
-        reference = workers.launch("fsdp", 2, "gloo", _out(tmp_path, "gloo"))
-    except AssertionError as error:
-        pytest.skip(f"FSDP (fully_shard) does not run on the CPU with gloo in this torch: {str(error)[-300:]}")
+    fsdp = pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip(f"torch {torch.__version__} has no fully_shard (FSDP2), which runs on the CPU")
+    reference = workers.launch("fsdp", 2, "gloo", _out(tmp_path, "gloo"))
     results = workers.launch("fsdp", 2, "tensorxfer", _out(tmp_path, "tx"))
     _assert_same(reference[0], results[0], "rank 0")
     _assert_same(results[0], results[1], "rank 1 vs rank 0")
@@ -170,7 +170,9 @@ def test_killed_rank_is_named_by_every_survivor_within_the_timeout(op, tmp_path)
 def test_mismatched_sizes_raise_on_every_rank(tmp_path):
     results = workers.launch("mismatch", 2, "tensorxfer", _out(tmp_path, "tx"), pg_timeout_s=20)
     for result in results:
-        assert result["error"] is not None and "1000" in result["error"] and "2000" in result["error"], result
+        error = result["error"]
+        assert error is not None and "different operations" in error, result
+        assert "nbytes=4000" in error and "nbytes=8000" in error, result
 
 
 def test_ctrl_c_interrupts_a_blocked_op(tmp_path):
@@ -184,3 +186,9 @@ def test_ctrl_c_interrupts_a_blocked_op(tmp_path):
     assert outputs[0][0] == 0, outputs[0][1]
     interrupted_after = torch.load(os.path.join(out, "0.pt"))["interrupted_after"]
     assert interrupted_after is not None and interrupted_after < 5.0, interrupted_after
+
+
+def test_exit_without_destroy_leaves_dev_shm_clean(tmp_path):
+    results = workers.launch("no_destroy", 2, "tensorxfer", _out(tmp_path, "tx"))
+    assert [r["sum"].tolist() for r in results] == [[2.0] * 4] * 2
+    # the conftest fixture fails the test if a segment is left in /dev/shm

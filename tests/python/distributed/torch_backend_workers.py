@@ -311,10 +311,20 @@ def scenario_topology(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return {"hosts": dist.group.WORLD.topology.hosts}
 
 
+def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """One all_reduce; then the program ends without destroy_process_group()."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return {"sum": t}
+
+
 SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
     "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
     "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
-    "interrupt": scenario_interrupt, "topology": scenario_topology,
+    "interrupt": scenario_interrupt, "topology": scenario_topology, "no_destroy": scenario_no_destroy,
 }
 
 
@@ -332,8 +342,13 @@ def main(argv: List[str]) -> int:
                             timeout=timedelta(seconds=float(pg_timeout)))
     result = SCENARIOS[scenario](rank_i, world_i, extra)
     torch.save(result, os.path.join(out_dir, f"{rank_i}.pt"))
+    if scenario == "no_destroy":
+        return 0  # an ordinary interpreter exit, process group still registered
     dist.destroy_process_group()
-    return 0
+    # Leave without interpreter teardown: gloo's threads sometimes abort it
+    # ("terminate called without an active exception"), with gloo as with us.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
