@@ -305,10 +305,42 @@ def scenario_interrupt(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return {"interrupted_after": None}
 
 
-def scenario_topology(rank: int, world: int, extra: str) -> Dict[str, Any]:
+def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """all_reduce and reduce (hierarchical across simulated hosts) on exact inputs, plus random sums."""
+    import torch
     import torch.distributed as dist
 
-    return {"hosts": dist.group.WORLD.topology.hosts}
+    R = dist.ReduceOp
+    out: Dict[str, Any] = {}
+    group = dist.group.WORLD
+    if hasattr(group, "topology"):
+        out["hosts"] = group.topology.hosts
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for numel in (1, 7, 1000, 300_001):
+            for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX)):
+                t = _ints(numel, rank, dtype)
+                dist.all_reduce(t, op=op)
+                out[f"all_reduce/{name}/{dtype}/{numel}"] = t
+    for root in range(world):
+        t = _ints(999, rank, torch.float32)
+        dist.reduce(t, root)
+        if rank == root:
+            out[f"reduce/{root}"] = t
+    coalesced = [_ints(n, rank, torch.float32, salt=n) for n in (3, 1000, 17)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist.all_reduce_coalesced(coalesced)
+    out["all_reduce_coalesced"] = torch.cat(coalesced)
+    t = _ints(64, rank, torch.float32)
+    dist.broadcast(t, world - 1)
+    out["broadcast"] = t
+    dist.barrier()
+    generator = torch.Generator().manual_seed(rank)
+    for numel in (1001, 300_000):
+        t = torch.randn(numel, generator=generator)
+        dist.all_reduce(t)
+        out[f"random/{numel}"] = t
+    return out
 
 
 def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
@@ -324,7 +356,7 @@ def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
 SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
     "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
     "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
-    "interrupt": scenario_interrupt, "topology": scenario_topology, "no_destroy": scenario_no_destroy,
+    "interrupt": scenario_interrupt, "hosts": scenario_hosts, "no_destroy": scenario_no_destroy,
 }
 
 
