@@ -193,8 +193,12 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         raise RuntimeError(f"tensorxfer backend: the {backend!r} backend named for {device} tensors is not available")
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
-                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any]) -> Work:
-        """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work."""
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Work:
+        """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
+
+        With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
+        once: the op runs on its thread when none is queued (no hand-off).
+        """
         if self._closed:
             raise RuntimeError(f"tensorxfer backend: {op} on a process group that was shut down")
         other = self._device_group(tensors, op)
@@ -208,7 +212,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 delegated(self._gloo).wait()
             work.finish()
 
-        return self._ops.submit(op, outputs, body)
+        return self._ops.submit(op, outputs, body, inline=not getattr(opts, "asyncOp", True))
 
     def _submit_p2p(self, op: str, tensors: List[torch.Tensor], start: Callable[[Any], Any]) -> Work:
         if self._closed:
@@ -251,7 +255,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_options(opts)
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
         run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: self._host.all_reduce(t, op)))
-        return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts))
+        return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -268,7 +272,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                     tensor.copy_(part.view_as(tensor))
 
         return self._submit("all_reduce_coalesced", tensors, tensors, run,
-                            lambda g: g.allreduce_coalesced(tensors, opts))
+                            lambda g: g.allreduce_coalesced(tensors, opts), opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Work:
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
@@ -280,7 +284,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 if self.rank() == opts.rootRank:
                     tensors[0].copy_(result)
 
-        return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts))
+        return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts), opts)
 
     def _one_host(self) -> bool:
         return not self._host.multi_host
@@ -296,7 +300,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 for output, part in zip(output_lists[0], gathered):
                     output.copy_(part)
 
-        return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts))
+        return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts), opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -307,7 +311,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                                                                           timeout=self._timeout_s))
 
         return self._submit("all_gather_into_tensor", [output], [output, input], run,
-                            lambda g: g._allgather_base(output, input, opts))
+                            lambda g: g._allgather_base(output, input, opts), opts)
 
     all_gather_single = _allgather_base
 
@@ -320,7 +324,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._submit("all_gather_coalesced", output_lists, inputs, None,
-                            lambda g: g.allgather_coalesced(output_lists, inputs, opts))
+                            lambda g: g.allgather_coalesced(output_lists, inputs, opts), opts)
 
     def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -332,7 +336,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 _contiguous_run(outputs[0], lambda out: self._comm.reduce_scatter(out, flat, op, timeout=self._timeout_s))
 
         return self._submit("reduce_scatter", outputs, outputs + input_lists[0], run,
-                            lambda g: g.reduce_scatter(outputs, input_lists, opts))
+                            lambda g: g.reduce_scatter(outputs, input_lists, opts), opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -344,7 +348,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                                                                               timeout=self._timeout_s))
 
         return self._submit("reduce_scatter_tensor", [output], [output, input], run,
-                            lambda g: g._reduce_scatter_base(output, input, opts))
+                            lambda g: g._reduce_scatter_base(output, input, opts), opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -361,30 +365,30 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             def run() -> None:
                 _contiguous_run(tensors[0], lambda t: self._comm.broadcast(t, opts.rootRank, timeout=self._timeout_s))
 
-        return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts))
+        return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts), opts)
 
     def barrier(self, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BarrierOptions()
         run = (lambda: self._comm.barrier(timeout=self._timeout_s)) if self._one_host() else None
-        return self._submit("barrier", [], [], run, lambda g: g.barrier(opts))
+        return self._submit("barrier", [], [], run, lambda g: g.barrier(opts), opts)
 
     # ---- delegated to gloo ----------------------------------------------------------
 
     def gather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any) -> Work:
-        return self._submit("gather", output_lists, inputs, None, lambda g: g.gather(output_lists, inputs, opts))
+        return self._submit("gather", output_lists, inputs, None, lambda g: g.gather(output_lists, inputs, opts), opts)
 
     def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any) -> Work:
-        return self._submit("scatter", outputs, outputs, None, lambda g: g.scatter(outputs, input_lists, opts))
+        return self._submit("scatter", outputs, outputs, None, lambda g: g.scatter(outputs, input_lists, opts), opts)
 
     def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._submit("all_to_all", outputs, outputs + inputs, None, lambda g: g.alltoall(outputs, inputs, opts))
+        return self._submit("all_to_all", outputs, outputs + inputs, None, lambda g: g.alltoall(outputs, inputs, opts), opts)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: List[int],
                       input_splits: List[int], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         return self._submit("all_to_all_single", [output], [output, input], None,
-                            lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts))
+                            lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts), opts)
 
     all_to_all_single = alltoall_base
 

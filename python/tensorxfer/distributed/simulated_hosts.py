@@ -1,7 +1,8 @@
 """Simulated hosts: each one a process in its own IPC and mount namespaces with its own tmpfs /dev/shm.
 
 Ranks enter a host with ``nsenter``; they share the network (the TCP store on
-127.0.0.1) but not shared memory with the other hosts. Needs root.
+127.0.0.1) but not shared memory with the other hosts. Needs root. Used by
+the backend's tests and ``bench/python/bench_torch_backend.py``.
 """
 
 from __future__ import annotations
