@@ -192,3 +192,13 @@ def test_exit_without_destroy_leaves_dev_shm_clean(tmp_path):
     results = workers.launch("no_destroy", 2, "tensorxfer", _out(tmp_path, "tx"))
     assert [r["sum"].tolist() for r in results] == [[2.0] * 4] * 2
     # the conftest fixture fails the test if a segment is left in /dev/shm
+
+
+def test_info_says_the_backend_is_registered():
+    done = subprocess.run([sys.executable, "-m", "tensorxfer", "info", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    backend = json.loads(done.stdout)["torch_distributed_backend"]
+    assert backend["name"] == "tensorxfer" and backend["registered"] is True, backend
