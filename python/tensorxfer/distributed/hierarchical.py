@@ -111,7 +111,7 @@ class HostCollectives:
     def _cross_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         torch_op = REDUCE_OPS["sum" if op == "avg" else op]
         options = dist.AllreduceOptions()
-        options.reduceOp = torch_op
+        options.reduceOp = torch_op  # type: ignore[assignment]  # torch converts the enum
         self.cross.allreduce([tensor], options).wait()
 
     def _finish_avg(self, tensor: torch.Tensor, op: str) -> None:

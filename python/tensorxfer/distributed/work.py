@@ -1,11 +1,11 @@
-"""Work objects and the backend's own thread: ops run one at a time, in submission order.
+"""Work objects and the order ops run in: one at a time, in submission order.
 
 A :class:`Work` is what every op of the process group returns. Like gloo's:
 ``wait()`` blocks until the op finished and raises its error; ``get_future()``
 is a ``torch.futures.Future`` completed with the op's output tensors (or its
-error); ``is_completed()`` never blocks. ``wait()`` sleeps in short slices on
-the calling thread, so Ctrl-C interrupts it there (the op itself keeps running
-on the backend's thread until its own deadline).
+error); ``is_completed()`` never blocks. ``wait()`` sleeps in short slices, so
+Ctrl-C interrupts it on the main thread. :class:`OpThread` runs async ops on its
+own thread and lets a synchronous caller run the next op itself (see there).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
         with self._future_lock:
             if self._future is not None:
                 return self._future
-            self._future = future = torch.futures.Future()
+            future: torch.futures.Future = torch.futures.Future()
+            self._future = future
             done = self._done.is_set()
         if done:
             self._complete(future)
