@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing.util
 import secrets
-import time
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
@@ -37,13 +36,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
+from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
 from tensorxfer.distributed.topology import Topology, probe
 from tensorxfer.distributed.work import CompletionThread, OpThread, Work
-from tensorxfer.errors import PeerLostError
 from tensorxfer.runtime import Communicator, LocalGroup
 
-_FAILURE_KEY = "failure/dead-rank"
 #: Groups not shut down yet. torch's registry keeps a group alive until
 #: destroy_process_group(), so a program that exits without it would leave the
 #: local group's segment in /dev/shm: these are shut down at exit instead.
@@ -88,8 +86,9 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._comm = Communicator(self._group, timeout=self._timeout_s)
         self._host = HostCollectives(self.topology, self._comm, self._make_cross_group(), self._timeout_s)
         self._other_devices: Dict[str, Any] = {}
-        self._ops = OpThread(f"tensorxfer-pg-{rank}", self._describe_failure)
-        self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", self._describe_failure)
+        failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
+        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
+        self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
         _live_groups.add(self)
 
@@ -114,50 +113,6 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         members = [ranks[index] for ranks in hosts]
         store = PrefixStore(f"cross/{index}/", self._store)
         return ProcessGroupGloo(store, members.index(self.rank()), len(members), self._timeout)
-
-    # ---- failures ----------------------------------------------------------------
-
-    def _dead_local_ranks(self) -> List[int]:
-        try:
-            return [self.topology.local_ranks[r] for r in range(len(self.topology.local_ranks))
-                    if not self._group.rank_alive(r)]
-        except Exception:  # noqa: BLE001 - the group itself may be gone
-            return []
-
-    def _published_dead_rank(self) -> Optional[str]:
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            try:
-                if self._store.check([_FAILURE_KEY]):
-                    return bytes(self._store.get(_FAILURE_KEY)).decode()
-            except Exception:  # noqa: BLE001 - the store's host may be the dead rank
-                return None
-            time.sleep(0.02)
-        return None
-
-    def _describe_failure(self, op: str, error: BaseException) -> BaseException:
-        """The error every waiter of ``op`` (and of later ops) gets; names the lost rank when known."""
-        if isinstance(error, KeyboardInterrupt):
-            return error
-        dead = self._dead_local_ranks()
-        who: Optional[str] = None
-        if dead:
-            try:
-                self._store.set(_FAILURE_KEY, str(dead[0]))
-            except Exception:  # noqa: BLE001
-                pass
-            who = f"rank {dead[0]}"
-        else:
-            published = self._published_dead_rank()
-            if published is not None:
-                who = f"rank {published}"
-        self._release_shared_memory()  # local peers blocked on us notice now
-        if who is not None:
-            return PeerLostError(f"tensorxfer backend: {op} on rank {self.rank()} failed: {who} died "
-                                 f"or left the process group ({type(error).__name__}: {error})")
-        if isinstance(error, (PeerLostError, TimeoutError, ValueError, TypeError)):
-            return type(error)(f"tensorxfer backend: {op} on rank {self.rank()} failed: {error}")
-        return error
 
     def _release_shared_memory(self) -> None:
         for resource in (self._comm, self._group):

@@ -159,6 +159,14 @@ def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
     dist.all_to_all_single(single, _ints(sum(in_splits), rank, torch.float32), out_splits, in_splits)
     out["all_to_all_single/unequal"] = single
     dist.barrier()
+    # async ops in flight together, waited for in reverse: they still run in submission order
+    a, b = _ints(5000, rank, torch.float32), _ints(300, rank, torch.float32)
+    parts = [torch.empty(300) for _ in range(world)]
+    works = [dist.all_reduce(a, async_op=True), dist.broadcast(b, world - 1, async_op=True),
+             dist.all_gather(parts, b, async_op=True), dist.all_reduce(b, async_op=True)]
+    for work in reversed(works):
+        work.wait()
+    out["async_in_order/a"], out["async_in_order/b"], out["async_in_order/parts"] = a, b, torch.stack(parts)
     if world > 1:
         right, left = (rank + 1) % world, (rank - 1) % world
         received = torch.empty(7)
@@ -259,7 +267,7 @@ def scenario_victim(rank: int, world: int, extra: str) -> Dict[str, Any]:
     import torch.distributed as dist
 
     victim = int(extra.split(",")[0])
-    delegated = extra.endswith(",gather")
+    delegated = extra.endswith(",delegated")
     dist.all_reduce(torch.ones(8))
     if rank == victim:
         print("READY", flush=True)
