@@ -125,14 +125,20 @@ class HostCollectives:
         local_size = len(self.topology.local_ranks)
         in_host_op = "sum" if op == "avg" else op
         shard_elems = -(-flat.numel() // local_size)
-        padded = torch.zeros(shard_elems * local_size, dtype=flat.dtype)
-        padded[: flat.numel()].copy_(flat)
+        padded_elems = shard_elems * local_size
+        if padded_elems == flat.numel():
+            padded = flat
+        else:
+            padded = torch.empty(padded_elems, dtype=flat.dtype)
+            _copy_on_this_thread(padded[: flat.numel()], flat)
+            padded[flat.numel():].zero_()
         shard = torch.empty(shard_elems, dtype=flat.dtype)
         self.comm.reduce_scatter(shard, padded, in_host_op, timeout=self.timeout_s)
         self._cross_all_reduce(shard, op)
         self._finish_avg(shard, op)
         self.comm.all_gather(padded, shard, timeout=self.timeout_s)
-        flat.copy_(padded[: flat.numel()])
+        if padded is not flat:
+            _copy_on_this_thread(flat, padded[: flat.numel()])
 
     def _all_reduce_through_leaders(self, tensor: torch.Tensor, op: str) -> None:
         in_host_op = "sum" if op == "avg" else op

@@ -25,6 +25,7 @@ backend named for their device (``"cpu:tensorxfer,cuda:nccl"``), else raise.
 from __future__ import annotations
 
 import atexit
+import os
 import multiprocessing.util
 import secrets
 import weakref
@@ -41,6 +42,7 @@ from tensorxfer.distributed.hierarchical import HostCollectives, reducible
 from tensorxfer.distributed.topology import Topology, probe
 from tensorxfer.distributed.work import CompletionThread, OpThread, Work
 from tensorxfer.runtime import Communicator, LocalGroup
+from tensorxfer.runtime.group import host_identity
 
 #: Groups not shut down yet. torch's registry keeps a group alive until
 #: destroy_process_group(), so a program that exits without it would leave the
@@ -59,6 +61,23 @@ def _shut_down_live_groups() -> None:
 atexit.register(_shut_down_live_groups)
 # multiprocessing children leave through os._exit, after running these finalizers.
 multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
+
+
+def _spin_us(store: Any, rank: int, world_size: int, local_size: int) -> Optional[float]:
+    """0 (sleep at once) when ranks of other hosts share this machine and all its ranks outnumber its CPUs.
+
+    Ranks on other "hosts" (no shared /dev/shm: containers, simulated hosts) may
+    still share this machine's CPUs; the Communicator's own choice counts only
+    its host's ranks, and spinning there would starve the others.
+    """
+    override = os.environ.get("TENSORXFER_DIST_SPIN_US")
+    if override is not None:
+        return float(override)
+    machine = host_identity()[1]
+    store.set(f"machine/{rank}", machine)
+    same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
+    cpus = len(os.sched_getaffinity(0))
+    return 0.0 if same_machine > max(cpus, local_size) else None
 
 
 def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
@@ -83,7 +102,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._gloo = ProcessGroupGloo(PrefixStore("gloo/", self._store), rank, world_size, timeout)
         self.topology: Topology = probe(PrefixStore("topology/", self._store), rank, world_size, self._timeout_s)
         self._group = self._join_local_group()
-        self._comm = Communicator(self._group, timeout=self._timeout_s)
+        spin_us = _spin_us(self._store, rank, world_size, len(self.topology.local_ranks))
+        self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
         self._host = HostCollectives(self.topology, self._comm, self._make_cross_group(), self._timeout_s)
         self._other_devices: Dict[str, Any] = {}
         failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
