@@ -70,8 +70,8 @@ def _spin_us(store: Any, rank: int, world_size: int, local_size: int) -> Optiona
     still share this machine's CPUs; the Communicator's own choice counts only
     its host's ranks, and spinning there would starve the others.
     """
-    override = os.environ.get("TENSORXFER_DIST_SPIN_US")
-    if override is not None:
+    override = os.environ.get("TENSORXFER_DIST_SPIN_US", "").strip()  # for experiments
+    if override:
         return float(override)
     machine = host_identity()[1]
     store.set(f"machine/{rank}", machine)
