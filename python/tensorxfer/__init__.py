@@ -8,7 +8,9 @@ Subpackages:
 * ``tensorxfer.inference.unified_memory`` -- managed memory pools, prefetch and
   placement advice.
 
-Importing the package prints nothing and starts no threads.
+Importing the package prints nothing, starts no threads and does not import
+torch; it registers the ``"tensorxfer"`` torch.distributed backend once torch
+is imported (``tensorxfer.distributed``).
 """
 
 from tensorxfer import _core
@@ -22,6 +24,10 @@ from tensorxfer.errors import (
 )
 
 __version__: str = _core.__version__
+
+from tensorxfer.distributed import register_when_torch_distributed_is_imported as _register_backend
+
+_register_backend()
 
 
 def capabilities() -> dict:

@@ -39,6 +39,22 @@ def torch_info() -> dict[str, Any]:
     return {"installed": True, "version": str(torch.__version__)}
 
 
+def torch_backend_info() -> dict[str, Any]:
+    """``{"name", "registered", "detail"}``: is the "tensorxfer" torch.distributed backend registered."""
+    from tensorxfer import distributed
+
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return {"name": distributed.BACKEND_NAME, "registered": False, "detail": "torch is not installed"}
+    if not dist.is_available():
+        return {"name": distributed.BACKEND_NAME, "registered": False,
+                "detail": "this torch was built without torch.distributed"}
+    registered = distributed.is_registered()
+    return {"name": distributed.BACKEND_NAME, "registered": registered,
+            "detail": 'init_process_group("tensorxfer") works' if registered else "registration failed"}
+
+
 def devices() -> dict[str, Any]:
     """Device families usable now: ``{"cpu": 1, "cuda": n, "xpu": n, "mps": n}``.
 
@@ -264,6 +280,7 @@ def collect() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": len(os.sched_getaffinity(0)),
         "torch": torch_info(),
+        "torch_distributed_backend": torch_backend_info(),
         "devices": devices(),
         "shm": shared_memory_space(),
         "cross_memory_attach": cross_memory_attach(),
@@ -303,6 +320,9 @@ def format_text(info: dict[str, Any]) -> str:
         ("python", f"{info['python']} on {info['platform']}"),
         ("cpus", str(info["cpus"])),
         ("torch", info["torch"]["version"]),
+        ("torch.distributed backend", f"{info['torch_distributed_backend']['name']}: "
+                                      f"{'registered' if info['torch_distributed_backend']['registered'] else 'not registered'}"
+                                      f" ({info['torch_distributed_backend']['detail']})"),
         ("devices", devices_text),
         ("/dev/shm free", f"{_bytes(shm['free_bytes'])} of {_bytes(shm['total_bytes'])}"),
         ("cross-memory attach", f"{yes[cma['permitted']]} ({scope}; {cma['detail']})"),

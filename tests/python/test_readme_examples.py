@@ -14,7 +14,9 @@ README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 def python_blocks() -> list[tuple[str, str]]:
     text = README.read_text()
     blocks = []
-    for match in re.finditer(r"^### (.+?)$.*?^```python\n(.*?)^```", text, re.S | re.M):
+    # A block belongs to the nearest heading above it: the text between may not
+    # hold another heading (a section whose block is not Python gets none).
+    for match in re.finditer(r"^### ([^\n]+)$(?:(?!^#).)*?^```python\n(.*?)^```", text, re.S | re.M):
         blocks.append((match.group(1), match.group(2)))
     return blocks
 

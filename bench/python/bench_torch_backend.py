@@ -1,0 +1,256 @@
+"""torch.distributed with the "tensorxfer" backend vs "gloo", and vs Communicator called directly.
+
+Launched once, this script starts the rank processes itself (TCP store on
+127.0.0.1) for each configuration:
+
+* ``R ranks`` (``--ranks``, default 2 and 4), one host: in-place
+  ``dist.all_reduce`` (sum) through a ``"tensorxfer"`` group, through a
+  ``"gloo"`` group, and ``Communicator.all_reduce`` on the same tensor,
+  float32 and bfloat16, every size of ``--sizes``; then (2 ranks) one DDP
+  training step of an MLP of about 25M parameters per backend, and the same
+  step without DDP (to say how much of the gloo step is communication);
+* ``2 hosts x 2 ranks`` (root only): ranks in two simulated hosts (own IPC and
+  mount namespaces, own /dev/shm), the tensorxfer group's hierarchical
+  all-reduce vs flat gloo.
+
+Variants are interleaved loop by loop; a sample is the time per op of one
+loop, the slowest rank's; the table shows medians and ratios (gloo time /
+tensorxfer time; tensorxfer time / Communicator time as "overhead") against
+the targets. Writes ``<out>/torch_backend.json`` and ``.png``.
+
+    python bench/python/bench_torch_backend.py [--ranks 2 4] [--sizes 1K 64K 1M 64M] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_collectives import free_port, loop_count, parse_size, size_name  # noqa: E402
+
+DEFAULT_OUT = HERE.parent / "results"
+DEFAULT_SIZES = ["1K", "16K", "64K", "256K", "1M", "16M", "64M"]
+DTYPES = ["float32", "bfloat16"]
+DDP_LAYERS = [1024, 4096, 4096, 1024]  # 25.2M parameters
+
+
+# ---- rank side -----------------------------------------------------------------------------
+
+
+def _slowest(dist: Any, samples: Dict[str, List[float]]) -> Dict[str, List[float]]:
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, samples)
+    return {name: [max(rank[name][i] for rank in gathered) for i in range(len(samples[name]))] for name in samples}
+
+
+def _timed_loops(dist: Any, ops: Dict[str, Any], loops: Dict[str, int], repeats: int) -> Dict[str, List[float]]:
+    """Per variant: ``repeats`` samples of seconds per op, variants rotated each round."""
+    names = list(ops)
+    for name in names:  # warm up: page faults, connections, buffers
+        for _ in range(min(3, loops[name])):
+            ops[name]()
+    samples: Dict[str, List[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            dist.barrier()
+            begin = time.perf_counter()
+            for _ in range(loops[name]):
+                ops[name]()
+            samples[name].append((time.perf_counter() - begin) / loops[name])
+    return samples
+
+
+def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any], comm: Any) -> Dict[str, Any]:
+    import torch
+
+    results: Dict[str, Any] = {}
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        for nbytes in (parse_size(s) for s in args.sizes):
+            tensor = torch.zeros(nbytes // dtype.itemsize, dtype=dtype)
+            ops: Dict[str, Any] = {name: (lambda g=group: dist.all_reduce(tensor, group=g))
+                                   for name, group in groups.items()}
+            if comm is not None:
+                ops["communicator"] = lambda: comm.all_reduce(tensor)
+            base = loop_count(nbytes, args.quick)
+            loops = {name: base if name != "gloo" else max(2, base // 20) for name in ops}
+            samples = _timed_loops(dist, ops, loops, args.repeats)
+            results[f"{dtype_name}/{nbytes}"] = _slowest(dist, samples)
+    return results
+
+
+def _ddp_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    def mlp() -> Any:
+        torch.manual_seed(0)
+        layers: List[Any] = []
+        for width_in, width_out in zip(DDP_LAYERS[:-1], DDP_LAYERS[1:]):
+            layers += [torch.nn.Linear(width_in, width_out), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
+
+    models = {name: DistributedDataParallel(mlp(), process_group=group) for name, group in groups.items()}
+    models["no_communication"] = mlp()
+    batch = torch.randn(8, DDP_LAYERS[0])
+    optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-4) for name, model in models.items()}
+
+    def step(name: str) -> None:
+        optimizers[name].zero_grad()
+        models[name](batch).square().mean().backward()
+        optimizers[name].step()
+
+    ops = {name: (lambda n=name: step(n)) for name in models}
+    samples = _timed_loops(dist, ops, {name: 2 for name in ops}, max(3, args.repeats))
+    params = sum(p.numel() for p in models["no_communication"].parameters())
+    return {"samples": _slowest(dist, samples), "parameters": params}
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    import tensorxfer  # noqa: F401 - registers "tensorxfer"
+    from tensorxfer.runtime import Communicator, LocalGroup
+
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
+    groups = {"tensorxfer": dist.new_group(backend="tensorxfer"), "gloo": dist.group.WORLD}
+    comm = None
+    if not args.hosts:
+        comm = Communicator(LocalGroup.from_torch(timeout=120), timeout=120)
+    result: Dict[str, Any] = {"all_reduce": _all_reduce_cases(args, dist, groups, comm)}
+    if args.ddp:
+        result["ddp"] = _ddp_cases(args, dist, groups)
+    if args.rank == 0:
+        Path(args.result).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+    if comm is not None:
+        comm.close()
+
+
+# ---- launcher side ---------------------------------------------------------------------------
+
+
+def run_config(args: argparse.Namespace, world: int, hosts: Optional[List[int]], ddp: bool) -> Dict[str, Any]:
+    import tensorxfer
+    from tensorxfer.distributed.simulated_hosts import SimulatedHosts
+
+    package_root = str(Path(tensorxfer.__file__).resolve().parents[1])  # absolute: nsenter changes directory
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    init = f"tcp://127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        simulated = SimulatedHosts(hosts) if hosts else None
+        try:
+            wrappers = simulated.wrappers if simulated else [[] for _ in range(world)]
+            processes = []
+            for rank in range(world):
+                command = wrappers[rank] + [
+                    sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
+                    "--world", str(world), "--init", init, "--result", result_path, "--repeats", str(args.repeats),
+                    "--sizes", *args.sizes] + (["--quick"] if args.quick else []) + (["--ddp"] if ddp else []) + (
+                    ["--hosts", *map(str, hosts)] if hosts else [])
+                processes.append(subprocess.Popen(command, env=env))
+            codes = [process.wait(timeout=1800) for process in processes]
+        finally:
+            if simulated:
+                simulated.close()
+        if any(codes):
+            raise RuntimeError(f"rank processes failed with exit codes {codes}")
+        return json.loads(Path(result_path).read_text())
+
+
+def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_communicator: bool, hosts: bool) -> None:
+    for key, samples in results.items():
+        dtype_name, nbytes_text = key.split("/")
+        nbytes = int(nbytes_text)
+        case = f"{label} {dtype_name} {size_name(nbytes)}"
+        for variant, values in samples.items():
+            report.add(case, variant, "time per all_reduce", [v * 1e6 for v in values], "us", lower_is_better=True)
+        if hosts:
+            report.compare(case, "time per all_reduce", "tensorxfer", "gloo", 1.5 if nbytes >= 1 << 20 else None)
+            continue
+        target = 20.0 if nbytes <= 1 << 20 else (3.0 if nbytes >= 64 << 20 else None)
+        report.compare(case, "time per all_reduce", "tensorxfer", "gloo", target)
+        if with_communicator:
+            # "within 1.2x of Communicator": Communicator time / backend time >= 1/1.2
+            report.compare(case, "time per all_reduce", "tensorxfer", "communicator",
+                           1 / 1.2 if nbytes >= 64 << 10 else None)
+
+
+def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
+    case = f"DDP step, MLP {ddp['parameters'] / 1e6:.1f}M params, 2 ranks"
+    for variant, values in ddp["samples"].items():
+        report.add(case, variant, "time per step", [v * 1e3 for v in values], "ms", lower_is_better=True)
+    gloo = report.find(case, "gloo", "time per step").value
+    local = report.find(case, "no_communication", "time per step").value
+    share = max(0.0, 1.0 - local / gloo)
+    report.note(f"DDP: communication is {share:.0%} of the gloo step ({gloo:.1f} ms vs {local:.1f} ms without DDP)")
+    report.compare(case, "time per step", "tensorxfer", "gloo", 1.3 if share >= 0.3 else None)
+
+
+def launcher_main(args: argparse.Namespace) -> int:
+    from _report import Report
+
+    from tensorxfer.distributed.simulated_hosts import unavailable_reason
+
+    report = Report("torch.distributed all_reduce: tensorxfer backend vs gloo vs Communicator",
+                    {"ranks": args.ranks, "sizes": args.sizes, "repeats": args.repeats, "quick": args.quick})
+    for world in args.ranks:
+        result = run_config(args, world, None, ddp=(world == 2 and not args.no_ddp))
+        add_all_reduce(report, f"{world} ranks", result["all_reduce"], with_communicator=True, hosts=False)
+        if "ddp" in result:
+            add_ddp(report, result["ddp"])
+    reason = unavailable_reason()
+    if reason is None and not args.no_hosts:
+        result = run_config(args, 4, [2, 2], ddp=False)
+        add_all_reduce(report, "2 hosts x 2 ranks", result["all_reduce"], with_communicator=False, hosts=True)
+    elif reason is not None:
+        report.note(f"simulated hosts skipped: {reason}")
+    from _report import machine_info
+
+    machine = machine_info()
+    print(f"CPU: {machine['cpu_model']} ({machine['cpus']} CPUs), torch {machine['torch']}")
+    print(report.table())
+    json_path, png_path = report.write(args.out, "torch_backend")
+    print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer ops per loop")
+    parser.add_argument("--no-ddp", action="store_true")
+    parser.add_argument("--no-hosts", action="store_true")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--init", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for size in args.sizes:
+        parse_size(size)
+    if args.worker:
+        rank_main(args)
+        return 0
+    return launcher_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The ``"tensorxfer"`` backend for ``torch.distributed`` (CPU tensors).
+
+Importing ``tensorxfer`` does not import torch. It registers the backend name
+``"tensorxfer"`` with ``torch.distributed.Backend.register_backend`` as soon as
+torch is imported (now, if it already is; else by an import hook that fires
+once ``import torch``, which imports ``torch.distributed``, has finished). So a script changes only the backend name::
+
+    import tensorxfer                      # registers "tensorxfer" (lazily)
+    import torch.distributed as dist
+    dist.init_process_group("tensorxfer")  # or "cpu:tensorxfer,cuda:nccl"
+
+:func:`register` does the same explicitly; :func:`is_registered` says whether
+it happened. The process group itself lives in
+:mod:`tensorxfer.distributed.process_group` (imports torch).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Optional, Sequence
+
+BACKEND_NAME = "tensorxfer"
+_TRIGGER_MODULE = "torch"
+_lock = threading.Lock()
+_registered = False
+
+
+def register() -> bool:
+    """Registers the ``"tensorxfer"`` backend with torch.distributed (imports it); idempotent.
+
+    Returns False (registering nothing) when torch or torch.distributed is not
+    available.
+    """
+    global _registered
+    with _lock:
+        if _registered:
+            return True
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return False
+        if not dist.is_available():
+            return False
+        # devices=["cpu"]: torch maps "cpu" to this backend only where no other
+        # backend claimed it; a "cpu:tensorxfer,cuda:nccl" string names it anyway.
+        if BACKEND_NAME.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu"])
+        _registered = True
+        return True
+
+
+def _create_process_group(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
+    """The creator torch calls from ``init_process_group`` / ``new_group``."""
+    from tensorxfer.distributed.process_group import TensorxferProcessGroup
+
+    return TensorxferProcessGroup(store, rank, world_size, timeout)
+
+
+def is_registered() -> bool:
+    """True once ``"tensorxfer"`` is registered with torch.distributed (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    backend = getattr(dist, "Backend", None)
+    plugins = getattr(backend, "_plugins", None)
+    return bool(_registered and plugins is not None and BACKEND_NAME.upper() in plugins)
+
+
+class _RegisterAfterImport(importlib.abc.Loader):
+    """Runs the real loader of torch, then registers the backend."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)  # type: ignore[attr-defined]
+        _remove_import_hook()
+        try:
+            register()
+        except Exception as error:  # registration must never break `import torch`
+            import warnings
+
+            warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
+                          RuntimeWarning, stacklevel=2)
+
+
+class _TorchDistributedHook(importlib.abc.MetaPathFinder):
+    """A meta-path finder that only wraps the loader of ``torch``."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != _TRIGGER_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _RegisterAfterImport(spec.loader)
+                return spec
+        return None
+
+
+_hook: Optional[_TorchDistributedHook] = None
+
+
+def _remove_import_hook() -> None:
+    global _hook
+    if _hook is not None and _hook in sys.meta_path:
+        sys.meta_path.remove(_hook)
+    _hook = None
+
+
+def register_when_torch_distributed_is_imported() -> None:
+    """Registers now if torch is imported, else once it is (called by ``import tensorxfer``)."""
+    global _hook
+    if _TRIGGER_MODULE in sys.modules and "torch.distributed" in sys.modules:
+        try:
+            register()
+        except Exception as error:  # never break `import tensorxfer`
+            import warnings
+
+            warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
+                          RuntimeWarning, stacklevel=2)
+        return
+    if _hook is None:
+        _hook = _TorchDistributedHook()
+        sys.meta_path.insert(0, _hook)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TensorxferProcessGroup":
+        from tensorxfer.distributed.process_group import TensorxferProcessGroup
+
+        return TensorxferProcessGroup
+    raise AttributeError(f"module 'tensorxfer.distributed' has no attribute {name!r}")
+
+
+__all__ = ["BACKEND_NAME", "TensorxferProcessGroup", "is_registered", "register",
+           "register_when_torch_distributed_is_imported"]

@@ -1,0 +1,74 @@
+"""What a rank's ops raise after a failure: the lost rank named, wherever it was.
+
+A rank of this host that died is seen directly (the local group's liveness).
+A rank elsewhere is named through the store: the first rank that sees a peer
+die publishes it, and ranks whose op failed for another reason (gloo's
+connection closed, a local peer that gave up) look it up for a moment.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional
+
+from tensorxfer.distributed.topology import Topology
+from tensorxfer.errors import PeerLostError
+
+FAILURE_KEY = "failure/dead-rank"
+#: How long a failed rank waits for another rank to publish who died.
+LOOKUP_S = 1.0
+
+
+class FailureReporter:
+    """Maps an op's error to the one every waiter gets (``describe``)."""
+
+    def __init__(self, store: Any, topology: Topology, group: Any, release: Callable[[], None]) -> None:
+        self._store = store
+        self._topology = topology
+        self._group = group
+        self._release = release
+
+    def _dead_local_ranks(self) -> List[int]:
+        try:
+            local = self._topology.local_ranks
+            return [local[r] for r in range(len(local)) if not self._group.rank_alive(r)]
+        except Exception:  # noqa: BLE001 - the group itself may be closed already
+            return []
+
+    def _published(self, wait_s: float) -> Optional[str]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if self._store.check([FAILURE_KEY]):
+                    return bytes(self._store.get(FAILURE_KEY)).decode()
+            except Exception:  # noqa: BLE001 - the store's host may be the dead rank
+                return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def _publish(self, rank: int) -> None:
+        try:  # first writer wins: later ones may see a rank that only gave up
+            self._store.compare_set(FAILURE_KEY, "", str(rank))
+        except Exception:  # noqa: BLE001
+            pass
+
+    def describe(self, op: str, error: BaseException) -> BaseException:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        lost = self._published(0.0)
+        if lost is None:
+            dead = self._dead_local_ranks()
+            if dead:
+                self._publish(dead[0])
+                lost = self._published(0.0) or str(dead[0])
+            else:
+                lost = self._published(LOOKUP_S)
+        self._release()  # this host's ranks blocked on us notice now
+        rank = self._topology.rank
+        if lost is not None:
+            return PeerLostError(f"tensorxfer backend: {op} on rank {rank} failed: rank {lost} died "
+                                 f"or left the process group ({type(error).__name__}: {error})")
+        if isinstance(error, (PeerLostError, TimeoutError, ValueError, TypeError)):
+            return type(error)(f"tensorxfer backend: {op} on rank {rank} failed: {error}")
+        return error

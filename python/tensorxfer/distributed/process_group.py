@@ -1,0 +1,407 @@
+# mypy: disable-error-code="override,assignment,attr-defined,call-arg"
+# (torch's stubs type ProcessGroup's methods as overloads of the C++ bindings and
+# omit the option classes' constructors; torch calls these Python overrides with
+# the argument lists written here.)
+"""``TensorxferProcessGroup``: the ``torch.distributed`` process group behind ``"tensorxfer"``.
+
+Accelerated over shared memory (one :class:`~tensorxfer.runtime.Communicator`
+per host; see :mod:`tensorxfer.distributed.hierarchical` across hosts):
+``all_reduce`` (sum, avg, min, max of float32/64, bfloat16, float16, int32,
+int64) and its coalesced form, ``reduce`` (the same), and on one host also
+``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
+``reduce_scatter_tensor``, ``broadcast`` and ``barrier``. Delegated to a gloo
+process group made on the same store: everything else (``product`` and other
+dtypes, ``gather``, ``scatter``, ``all_to_all``, ``all_to_all_single``,
+``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``,
+``all_gather_coalesced``) and, across hosts, every op but ``all_reduce`` and
+``reduce``.
+
+Every op runs on the group's own thread, in submission order; delegated
+collectives finish there before the next op starts, point-to-point ops are
+started there and completed by a second thread. Non-CPU tensors go to the
+backend named for their device (``"cpu:tensorxfer,cuda:nccl"``), else raise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import multiprocessing.util
+import secrets
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+from tensorxfer.distributed import BACKEND_NAME
+from tensorxfer.distributed.failures import FailureReporter
+from tensorxfer.distributed.hierarchical import HostCollectives, reducible
+from tensorxfer.distributed.topology import Topology, probe
+from tensorxfer.distributed.work import CompletionThread, OpThread, Work
+from tensorxfer.runtime import Communicator, LocalGroup
+from tensorxfer.runtime.group import host_identity
+
+#: Groups not shut down yet. torch's registry keeps a group alive until
+#: destroy_process_group(), so a program that exits without it would leave the
+#: local group's segment in /dev/shm: these are shut down at exit instead.
+_live_groups: "weakref.WeakSet[TensorxferProcessGroup]" = weakref.WeakSet()
+
+
+def _shut_down_live_groups() -> None:
+    for group in list(_live_groups):
+        try:
+            group.shutdown(wait_s=1.0)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+atexit.register(_shut_down_live_groups)
+# multiprocessing children leave through os._exit, after running these finalizers.
+multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
+
+
+def _spin_us(store: Any, rank: int, world_size: int, local_size: int) -> Optional[float]:
+    """0 (sleep at once) when ranks of other hosts share this machine and all its ranks outnumber its CPUs.
+
+    Ranks on other "hosts" (no shared /dev/shm: containers, simulated hosts) may
+    still share this machine's CPUs; the Communicator's own choice counts only
+    its host's ranks, and spinning there would starve the others.
+    """
+    override = os.environ.get("TENSORXFER_DIST_SPIN_US", "").strip()  # for experiments
+    if override:
+        return float(override)
+    machine = host_identity()[1]
+    store.set(f"machine/{rank}", machine)
+    same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
+    cpus = len(os.sched_getaffinity(0))
+    return 0.0 if same_machine > max(cpus, local_size) else None
+
+
+def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
+    """Runs ``body`` on ``tensor`` or, when not contiguous, on a copy that is then copied back."""
+    if tensor.is_contiguous():
+        body(tensor)
+    else:
+        staging = tensor.contiguous()
+        body(staging)
+        tensor.copy_(staging)
+
+
+class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+    """See the module docstring. Made by ``init_process_group("tensorxfer")`` or ``new_group(backend="tensorxfer")``."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> None:
+        super().__init__(rank, world_size)
+        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds()
+        self._store = PrefixStore("tensorxfer/", store)
+        self._base_store = store
+        self._gloo = ProcessGroupGloo(PrefixStore("gloo/", self._store), rank, world_size, timeout)
+        self.topology: Topology = probe(PrefixStore("topology/", self._store), rank, world_size, self._timeout_s)
+        self._group = self._join_local_group()
+        spin_us = _spin_us(self._store, rank, world_size, len(self.topology.local_ranks))
+        self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
+        self._host = HostCollectives(self.topology, self._comm, self._make_cross_group(), self._timeout_s)
+        self._other_devices: Dict[str, Any] = {}
+        failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
+        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
+        self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
+        self._closed = False
+        _live_groups.add(self)
+
+    # ---- construction ------------------------------------------------------------
+
+    def _join_local_group(self) -> LocalGroup:
+        leader = self.topology.local_ranks[0]
+        key = f"local-group/{leader}"
+        if self.rank() == leader:
+            self._store.set(key, f"tdist-{secrets.token_hex(12)}")
+        name = bytes(self._store.get(key)).decode("ascii")
+        return LocalGroup.join(name, rank=self.topology.local_rank,
+                               world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
+
+    def _make_cross_group(self) -> Optional[Any]:
+        hosts = self.topology.hosts
+        if len(hosts) == 1:
+            return None
+        index = self.topology.local_rank
+        if not self.topology.equal_hosts and index != 0:
+            return None
+        members = [ranks[index] for ranks in hosts]
+        store = PrefixStore(f"cross/{index}/", self._store)
+        return ProcessGroupGloo(store, members.index(self.rank()), len(members), self._timeout)
+
+    def _release_shared_memory(self) -> None:
+        for resource in (self._comm, self._group):
+            try:
+                resource.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    # ---- dispatch ----------------------------------------------------------------
+
+    def _device_group(self, tensors: List[torch.Tensor], op: str) -> Optional[Any]:
+        """None for CPU tensors; for another device, the process group named for it (else raises)."""
+        types = {t.device.type for t in tensors}
+        if types <= {"cpu"}:
+            return None
+        if len(types) > 1:
+            raise ValueError(f"tensorxfer backend: {op} got tensors on several devices: {sorted(types)}")
+        device = types.pop()
+        if device not in self._other_devices:
+            self._other_devices[device] = self._make_device_group(device, op)
+        return self._other_devices[device]
+
+    def _make_device_group(self, device: str, op: str) -> Any:
+        config = str(dist.get_backend(self))
+        named = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
+        backend = named.get(device)
+        if backend is None or backend == BACKEND_NAME:
+            raise RuntimeError(
+                f"tensorxfer backend: {op} got a {device} tensor, but the tensorxfer backend handles CPU "
+                f"tensors only and no backend was named for {device} (process group backend {config!r}); "
+                f"name one, e.g. init_process_group(\"cpu:tensorxfer,{device}:nccl\")")
+        store = PrefixStore(f"device-{device}/", self._store)
+        if backend == "gloo":
+            return ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
+        if backend == "nccl" and dist.is_nccl_available():
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self._timeout
+            return dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
+        raise RuntimeError(f"tensorxfer backend: the {backend!r} backend named for {device} tensors is not available")
+
+    def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Work:
+        """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
+
+        With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
+        once: the op runs on its thread when none is queued (no hand-off).
+        """
+        if self._closed:
+            raise RuntimeError(f"tensorxfer backend: {op} on a process group that was shut down")
+        other = self._device_group(tensors, op)
+        if other is not None:
+            return delegated(other)
+
+        def body(work: Work) -> None:
+            if accelerated is not None:
+                accelerated()
+            else:
+                delegated(self._gloo).wait()
+            work.finish()
+
+        return self._ops.submit(op, outputs, body, inline=not getattr(opts, "asyncOp", True))
+
+    def _submit_p2p(self, op: str, tensors: List[torch.Tensor], start: Callable[[Any], Any]) -> Work:
+        if self._closed:
+            raise RuntimeError(f"tensorxfer backend: {op} on a process group that was shut down")
+        other = self._device_group(tensors, op)
+        if other is not None:
+            return start(other)
+
+        def body(work: Work) -> None:
+            self._p2p.finish_when_done(start(self._gloo), work)
+
+        return self._ops.submit(op, tensors, body)
+
+    # ---- identity ----------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    # torch keeps these on the backends it registers; a Python group keeps its own.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
+    @property
+    def local_group(self) -> LocalGroup:
+        """This host's ranks (LocalGroup ranks are local indices: ``topology.local_ranks[i]`` is rank i's global rank)."""
+        return self._group
+
+    # ---- collectives: accelerated where the module docstring says -----------------
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_options(opts)
+        op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
+        run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: self._host.all_reduce(t, op)))
+        return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        ops = {reducible(t, opts.reduceOp) for t in tensors}
+        same_dtype = len({t.dtype for t in tensors}) <= 1
+        run = None
+        if tensors and same_dtype and None not in ops:
+            op: str = ops.pop()  # type: ignore[assignment]  # None is not in ops here
+
+            def run() -> None:
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+                self._host.all_reduce(flat, op)
+                for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+                    tensor.copy_(part.view_as(tensor))
+
+        return self._submit("all_reduce_coalesced", tensors, tensors, run,
+                            lambda g: g.allreduce_coalesced(tensors, opts), opts)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Work:
+        op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
+        run = None
+        if op is not None:
+            def run() -> None:
+                result = tensors[0].contiguous().clone()
+                self._host.all_reduce(result, op)
+                if self.rank() == opts.rootRank:
+                    tensors[0].copy_(result)
+
+        return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts), opts)
+
+    def _one_host(self) -> bool:
+        return not self._host.multi_host
+
+    def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        run = None
+        if self._one_host() and len(inputs) == 1:
+            def run() -> None:
+                source = inputs[0].contiguous()
+                gathered = torch.empty((self.size(),) + tuple(source.shape), dtype=source.dtype)
+                self._comm.all_gather(gathered, source, timeout=self._timeout_s)
+                for output, part in zip(output_lists[0], gathered):
+                    output.copy_(part)
+
+        return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts), opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        run = None
+        if self._one_host():
+            def run() -> None:
+                _contiguous_run(output, lambda out: self._comm.all_gather(out, input.contiguous(),
+                                                                          timeout=self._timeout_s))
+
+        return self._submit("all_gather_into_tensor", [output], [output, input], run,
+                            lambda g: g._allgather_base(output, input, opts), opts)
+
+    all_gather_single = _allgather_base
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self.barrier()
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._submit("all_gather_coalesced", output_lists, inputs, None,
+                            lambda g: g.allgather_coalesced(output_lists, inputs, opts), opts)
+
+    def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = reducible(outputs[0], opts.reduceOp) if len(outputs) == 1 else None
+        run = None
+        if self._one_host() and op is not None:
+            def run() -> None:
+                flat = torch.cat([part.reshape(-1) for part in input_lists[0]])
+                _contiguous_run(outputs[0], lambda out: self._comm.reduce_scatter(out, flat, op, timeout=self._timeout_s))
+
+        return self._submit("reduce_scatter", outputs, outputs + input_lists[0], run,
+                            lambda g: g.reduce_scatter(outputs, input_lists, opts), opts)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = reducible(output, opts.reduceOp)
+        run = None
+        if self._one_host() and op is not None:
+            def run() -> None:
+                _contiguous_run(output, lambda out: self._comm.reduce_scatter(out, input.contiguous(), op,
+                                                                              timeout=self._timeout_s))
+
+        return self._submit("reduce_scatter_tensor", [output], [output, input], run,
+                            lambda g: g._reduce_scatter_base(output, input, opts), opts)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self.barrier()
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        run = None
+        if self._one_host() and len(tensors) == 1:
+            def run() -> None:
+                _contiguous_run(tensors[0], lambda t: self._comm.broadcast(t, opts.rootRank, timeout=self._timeout_s))
+
+        return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts), opts)
+
+    def barrier(self, opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        run = (lambda: self._comm.barrier(timeout=self._timeout_s)) if self._one_host() else None
+        return self._submit("barrier", [], [], run, lambda g: g.barrier(opts), opts)
+
+    # ---- delegated to gloo ----------------------------------------------------------
+
+    def gather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any) -> Work:
+        return self._submit("gather", output_lists, inputs, None, lambda g: g.gather(output_lists, inputs, opts), opts)
+
+    def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any) -> Work:
+        return self._submit("scatter", outputs, outputs, None, lambda g: g.scatter(outputs, input_lists, opts), opts)
+
+    def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return self._submit("all_to_all", outputs, outputs + inputs, None, lambda g: g.alltoall(outputs, inputs, opts), opts)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: List[int],
+                      input_splits: List[int], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return self._submit("all_to_all_single", [output], [output, input], None,
+                            lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts), opts)
+
+    all_to_all_single = alltoall_base
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        return self._submit_p2p("send", tensors, lambda g: g.send(tensors, dst, tag))
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Work:
+        return self._submit_p2p("recv", tensors, lambda g: g.recv(tensors, src, tag))
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
+        return self._submit_p2p("recv", tensors, lambda g: g.recv_anysource(tensors, tag))
+
+    # ---- lifetime --------------------------------------------------------------------
+
+    def shutdown(self, wait_s: Optional[float] = None) -> None:
+        """Finishes queued ops (waiting up to ``wait_s``, default the group's timeout), then unmaps
+        the shared memory. ``destroy_process_group`` calls it."""
+        if self._closed:
+            return
+        self._closed = True
+        _live_groups.discard(self)
+        wait_s = self._timeout_s if wait_s is None else wait_s
+        stopped = self._ops.stop(wait_s) and self._p2p.stop(wait_s)
+        if stopped:  # a thread still inside a native wait keeps using the memory: leave it to exit
+            self._release_shared_memory()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _allreduce_options(op: Any) -> Any:
+    options = dist.AllreduceOptions()
+    if op is not None:
+        options.reduceOp = op
+    return options

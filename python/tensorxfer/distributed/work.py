@@ -1,0 +1,218 @@
+"""Work objects and the order ops run in: one at a time, in submission order.
+
+A :class:`Work` is what every op of the process group returns. Like gloo's:
+``wait()`` blocks until the op finished and raises its error; ``get_future()``
+is a ``torch.futures.Future`` completed with the op's output tensors (or its
+error); ``is_completed()`` never blocks. ``wait()`` sleeps in short slices, so
+Ctrl-C interrupts it on the main thread. :class:`OpThread` runs async ops on its
+own thread and lets a synchronous caller run the next op itself (see there).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+#: How often a waiting thread wakes to let Python deliver Ctrl-C.
+WAIT_SLICE_S = 0.05
+
+
+class Work(dist._Work):  # type: ignore[misc,name-defined]
+    """The result of one op (see the module docstring)."""
+
+    def __init__(self, name: str, outputs: List[Any], runner: Optional["OpThread"] = None) -> None:
+        super().__init__()
+        self.name = name
+        self._runner = runner
+        self._outputs = outputs
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._future: Optional[torch.futures.Future] = None  # made on first get_future()
+        self._future_lock = threading.Lock()
+
+    def _complete(self, future: torch.futures.Future) -> None:
+        if self._error is None:
+            future.set_result(self._outputs)
+        else:
+            future.set_exception(self._error)
+
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        """Completes the work (on the thread that ran it): result, or ``error``."""
+        with self._future_lock:
+            self._error = error
+            self._done.set()
+            future = self._future
+        if future is not None:
+            self._complete(future)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Blocks until done (``timeout`` > 0: at most that long, else ``TimeoutError``); raises the op's error."""
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        if self._runner is not None and not self._done.is_set():
+            self._runner.run_inline(self)
+        waited = 0.0
+        while not self._done.wait(WAIT_SLICE_S):
+            waited += WAIT_SLICE_S
+            if limit > 0 and waited >= limit:
+                raise TimeoutError(f"tensorxfer backend: {self.name} did not finish within {limit} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        with self._future_lock:
+            if self._future is not None:
+                return self._future
+            future: torch.futures.Future = torch.futures.Future()
+            self._future = future
+            done = self._done.is_set()
+        if done:
+            self._complete(future)
+        return future
+
+    def result(self) -> List[Any]:
+        self.wait()
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class OpThread:
+    """Runs submitted ops one at a time, in submission order; ``on_error`` maps failures.
+
+    Ops run on this object's daemon thread, except that a thread that waits for
+    an op which is next in line and nothing is running runs it itself
+    (:meth:`run_inline`): a synchronous call then costs no thread hand-off,
+    while async ops (DDP's buckets) still overlap with the caller. After the
+    first failure every later op fails without running (the ranks are out of
+    step), as gloo's process group does.
+    """
+
+    def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException]) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: "collections.deque[tuple]" = collections.deque()
+        self._running = False
+        self._stopping = False
+        self._on_error = on_error
+        self.failure: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, name: str, outputs: List[Any], body: Callable[[Work], None], *, inline: bool = False) -> Work:
+        """Queues ``body(work)``; ``body`` finishes the work (or raises, which fails it).
+
+        ``inline``: the caller waits for it at once (``async_op=False``): run it
+        now on the calling thread if nothing is queued or running.
+        """
+        work = Work(name, outputs, self)
+        with self._cond:
+            run_now = inline and not self._pending and not self._running and \
+                threading.current_thread() is not self._thread
+            if run_now:
+                self._running = True
+            else:
+                self._pending.append((body, work))
+                self._cond.notify()
+        if run_now:
+            self._execute(body, work)
+        return work
+
+    def run_inline(self, work: Work) -> None:
+        """Runs ``work`` on the calling thread if it is next and nothing runs; else does nothing."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._cond:
+            if self._running or not self._pending or self._pending[0][1] is not work:
+                return
+            body, _ = self._pending.popleft()
+            self._running = True
+        self._execute(body, work)
+
+    def _execute(self, body: Callable[[Work], None], work: Work) -> None:
+        try:
+            if self.failure is not None:
+                work.finish(self.failure)
+                return
+            try:
+                body(work)
+            except BaseException as error:  # noqa: BLE001 - every failure goes to the waiter
+                mapped = self._on_error(work.name, error)
+                self.failure = mapped if not isinstance(mapped, KeyboardInterrupt) else RuntimeError(
+                    f"tensorxfer backend: {work.name} was interrupted (Ctrl-C); the ranks are out of step")
+                work.finish(mapped)
+        finally:
+            with self._cond:
+                self._running = False
+                if self._pending or self._stopping:  # else nobody waits for this: no wake-up
+                    self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending or self._running:
+                    if self._stopping and not self._pending and not self._running:
+                        return
+                    self._cond.wait()
+                body, work = self._pending.popleft()
+                self._running = True
+            self._execute(body, work)
+
+    def stop(self, timeout: float) -> bool:
+        """Stops after the queued ops; True if the thread ended within ``timeout``."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+class CompletionThread:
+    """Finishes works whose op runs elsewhere (gloo point-to-point) when that op completes.
+
+    Point-to-point ops are started in order on the op thread but not waited for
+    there (a send waiting for its receive would block the peer's send), so this
+    thread waits for them instead, in order.
+    """
+
+    def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException]) -> None:
+        self._queue: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        self._on_error = on_error
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def finish_when_done(self, inner: Any, work: Work) -> None:
+        self._queue.put((inner, work))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            inner, work = item
+            try:
+                inner.wait()
+            except BaseException as error:  # noqa: BLE001
+                work.finish(self._on_error(work.name, error))
+            else:
+                work.finish()
+
+    def stop(self, timeout: float) -> bool:
+        self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -1,0 +1,395 @@
+"""Rank programs for the torch.distributed backend tests, run as real processes.
+
+``python torch_backend_workers.py SCENARIO RANK WORLD BACKEND INIT_METHOD OUT_DIR TIMEOUT_S``
+initializes torch.distributed with BACKEND, runs SCENARIO and saves what it
+returns to OUT_DIR/RANK.pt (torch.save). :func:`launch` starts them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(scenario: str, world: int, backend: str, out_dir: str, *, timeout_s: float = 60.0,
+           wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
+           extra: str = "") -> List[Any]:
+    """Runs ``scenario`` on ``world`` ranks; returns each rank's result (raises with their output on failure).
+
+    ``wrappers[r]`` prefixes rank r's command (e.g. an ``unshare`` that gives it its own /dev/shm).
+    """
+    import torch
+
+    processes = start(scenario, world, backend, out_dir, wrappers=wrappers, pg_timeout_s=pg_timeout_s, extra=extra)
+    outputs = finish(processes, timeout_s)
+    failed = [rank for rank, (code, _) in enumerate(outputs) if code != 0]
+    if failed:
+        text = "\n".join(f"--- rank {r} exit {code}\n{out}" for r, (code, out) in enumerate(outputs))
+        raise AssertionError(f"{scenario} with {backend}: ranks {failed} failed\n{text}")
+    return [torch.load(os.path.join(out_dir, f"{rank}.pt")) for rank in range(world)]
+
+
+def start(scenario: str, world: int, backend: str, out_dir: str, *,
+          wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
+          extra: str = "") -> List[subprocess.Popen]:
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), *sys.path) if p)
+    processes = []
+    for rank in range(world):
+        prefix = list(wrappers[rank]) if wrappers else []
+        command = prefix + [sys.executable, os.path.join(HERE, "torch_backend_workers.py"), scenario, str(rank),
+                            str(world), backend, init, out_dir, str(pg_timeout_s), extra]
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+    return processes
+
+
+def finish(processes: List[subprocess.Popen], timeout_s: float) -> List[tuple]:
+    deadline = time.monotonic() + timeout_s
+    outputs = []
+    for process in processes:
+        try:
+            out, _ = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            out += "\n[killed by the test: timeout]"
+        outputs.append((process.returncode, out))
+    return outputs
+
+
+# ---- scenarios -------------------------------------------------------------------------
+
+
+def _ints(shape: Any, rank: int, dtype: Any, salt: int = 0) -> Any:
+    import torch
+
+    numel = int(torch.Size(shape).numel()) if isinstance(shape, tuple) else int(shape)
+    values = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13 + salt) % 11 - 5
+    return values.to(dtype).reshape(shape)
+
+
+def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Every op, on integer-valued inputs (exact in every summation order) so gloo's results are the reference."""
+    import torch
+    import torch.distributed as dist
+
+    R = dist.ReduceOp
+    out: Dict[str, Any] = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float64, torch.int32, torch.uint8):
+        for numel in (1, 1000, 100_003):
+            for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX), ("product", R.PRODUCT)):
+                if dtype == torch.uint8 and name in ("sum", "product"):
+                    continue
+                t = _ints(numel, rank, dtype) if name != "product" else (_ints(numel, rank, torch.int64) % 2 + 1).to(dtype)
+                dist.all_reduce(t, op=op)
+                out[f"all_reduce/{name}/{dtype}/{numel}"] = t
+    strided = _ints((64, 8), rank, torch.float32)[:, ::2]
+    dist.all_reduce(strided)
+    out["all_reduce/non_contiguous"] = strided.clone()
+    work = dist.all_reduce(_ints(4096, rank, torch.float32), async_op=True)
+    out["all_reduce/async_future"] = work.get_future().wait()[0]
+    work.wait()
+    out["all_reduce/async_completed"] = torch.tensor(work.is_completed())
+    coalesced = [_ints(n, rank, torch.float32, salt=n) for n in (3, 1000, 17)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist.all_reduce_coalesced(coalesced)
+    for i, t in enumerate(coalesced):
+        out[f"all_reduce_coalesced/{i}"] = t
+    for numel in (5, 70_000):
+        for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+            mine = _ints(numel, rank, dtype).abs()
+            parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+            dist.all_gather(parts, mine)
+            out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
+            whole = torch.empty(world * numel, dtype=dtype)
+            dist.all_gather_into_tensor(whole, mine)
+            out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
+            for root in range(world):
+                t = _ints(numel, rank, dtype).abs()
+                dist.broadcast(t, root)
+                out[f"broadcast/{root}/{dtype}/{numel}"] = t
+        for name, op in (("sum", R.SUM), ("max", R.MAX)):
+            chunk = torch.empty(numel, dtype=torch.float32)
+            dist.reduce_scatter(chunk, [_ints(numel, rank, torch.float32, salt=i) for i in range(world)], op=op)
+            out[f"reduce_scatter/{name}/{numel}"] = chunk
+            chunk = torch.empty(numel, dtype=torch.float32)
+            dist.reduce_scatter_tensor(chunk, _ints(world * numel, rank, torch.float32), op=op)
+            out[f"reduce_scatter_tensor/{name}/{numel}"] = chunk
+            for root in range(world):
+                t = _ints(numel, rank, torch.float32)
+                dist.reduce(t, root, op=op)
+                if rank == root:
+                    out[f"reduce/{name}/{root}/{numel}"] = t
+    for root in range(world):
+        mine = _ints(10, rank, torch.float32)
+        gathered = [torch.empty(10) for _ in range(world)] if rank == root else None
+        dist.gather(mine, gathered, dst=root)
+        if rank == root:
+            out[f"gather/{root}"] = torch.stack(gathered)
+        received = torch.empty(10)
+        dist.scatter(received, [_ints(10, r, torch.float32, salt=root) for r in range(world)] if rank == root else None,
+                     src=root)
+        out[f"scatter/{root}"] = received
+    outputs = [torch.empty(3) for _ in range(world)]
+    dist.all_to_all(outputs, [_ints(3, rank, torch.float32, salt=r) for r in range(world)])
+    out["all_to_all"] = torch.stack(outputs)
+    single = torch.empty(2 * world)
+    dist.all_to_all_single(single, _ints(2 * world, rank, torch.float32))
+    out["all_to_all_single/equal"] = single
+    in_splits = [r + 1 for r in range(world)]            # rank sends r+1 elements to rank r
+    out_splits = [rank + 1] * world                      # and receives rank+1 from everyone
+    single = torch.empty(sum(out_splits))
+    dist.all_to_all_single(single, _ints(sum(in_splits), rank, torch.float32), out_splits, in_splits)
+    out["all_to_all_single/unequal"] = single
+    dist.barrier()
+    # async ops in flight together, waited for in reverse: they still run in submission order
+    a, b = _ints(5000, rank, torch.float32), _ints(300, rank, torch.float32)
+    parts = [torch.empty(300) for _ in range(world)]
+    works = [dist.all_reduce(a, async_op=True), dist.broadcast(b, world - 1, async_op=True),
+             dist.all_gather(parts, b, async_op=True), dist.all_reduce(b, async_op=True)]
+    for work in reversed(works):
+        work.wait()
+    out["async_in_order/a"], out["async_in_order/b"], out["async_in_order/parts"] = a, b, torch.stack(parts)
+    if world > 1:
+        right, left = (rank + 1) % world, (rank - 1) % world
+        received = torch.empty(7)
+        if rank % 2 == 0:
+            dist.send(_ints(7, rank, torch.float32), right)
+            dist.recv(received, left)
+        else:
+            dist.recv(received, left)
+            dist.send(_ints(7, rank, torch.float32), right)
+        out["send_recv"] = received
+        received = torch.empty(7)
+        requests = [dist.isend(_ints(7, rank, torch.float32, salt=1), right), dist.irecv(received, left)]
+        for request in requests:
+            request.wait()
+        out["isend_irecv"] = received
+        received = torch.empty(7)
+        ops = [dist.P2POp(dist.isend, _ints(7, rank, torch.float32, salt=2), right),
+               dist.P2POp(dist.irecv, received, left)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        out["batch_isend_irecv"] = received
+    return out
+
+
+def scenario_avg(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """all_reduce with AVG (gloo has none: compared with the sum / world_size)."""
+    import torch
+    import torch.distributed as dist
+
+    out: Dict[str, Any] = {}
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        t = _ints(1000, rank, dtype)
+        op = dist.ReduceOp.AVG if extra == "avg" else dist.ReduceOp.SUM
+        dist.all_reduce(t, op=op)
+        out[str(dtype)] = t
+    return out
+
+
+def scenario_random_sum(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Random float inputs: every rank must get bitwise the same sum."""
+    import torch
+    import torch.distributed as dist
+
+    out: Dict[str, Any] = {}
+    generator = torch.Generator().manual_seed(rank)
+    for numel in (1000, 300_000):
+        for dtype in (torch.float32, torch.bfloat16):
+            t = torch.randn(numel, generator=generator).to(dtype)
+            dist.all_reduce(t)
+            out[f"{dtype}/{numel}"] = t
+    return out
+
+
+def scenario_ddp(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """20 DDP steps on a small MLP; returns the final parameters."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)   # several buckets: overlap with backward
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(20):
+        x = torch.randn(16, 32, generator=data)
+        loss = ddp(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def scenario_fsdp(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """fully_shard (FSDP2) on the CPU for 5 steps; returns the full parameters."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(5):
+        loss = model(torch.randn(8, 16, generator=data)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+
+
+def scenario_victim(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Rank ``extra`` blocks forever after a first all_reduce (the test kills it); the others all_reduce again."""
+    import torch
+    import torch.distributed as dist
+
+    victim = int(extra.split(",")[0])
+    delegated = extra.endswith(",delegated")
+    dist.all_reduce(torch.ones(8))
+    if rank == victim:
+        print("READY", flush=True)
+        time.sleep(3600)
+    started = time.monotonic()
+    try:
+        if delegated:
+            dist.all_to_all_single(torch.empty(world), torch.ones(world))
+        else:
+            dist.all_reduce(torch.ones(1 << 16))
+    except Exception as error:  # noqa: BLE001 - what the test checks
+        return {"error": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - started}
+    return {"error": None, "seconds": time.monotonic() - started}
+
+
+def scenario_mismatch(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Rank 0 reduces 1000 elements, the others 2000."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(1000 if rank == 0 else 2000))
+    except Exception as error:  # noqa: BLE001
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"error": None}
+
+
+def scenario_interrupt(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Rank 0 blocks in all_reduce that rank 1 never joins; the test sends rank 0 SIGINT."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 1:
+        time.sleep(30)
+        return {}
+    print("BLOCKING", flush=True)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(16))
+    except KeyboardInterrupt:
+        return {"interrupted_after": time.monotonic() - started}
+    return {"interrupted_after": None}
+
+
+def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """all_reduce and reduce (hierarchical across simulated hosts) on exact inputs, plus random sums."""
+    import torch
+    import torch.distributed as dist
+
+    R = dist.ReduceOp
+    out: Dict[str, Any] = {}
+    group = dist.group.WORLD
+    if hasattr(group, "topology"):
+        out["hosts"] = group.topology.hosts
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for numel in (1, 7, 1000, 300_001):
+            for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX)):
+                t = _ints(numel, rank, dtype)
+                dist.all_reduce(t, op=op)
+                out[f"all_reduce/{name}/{dtype}/{numel}"] = t
+    for root in range(world):
+        t = _ints(999, rank, torch.float32)
+        dist.reduce(t, root)
+        if rank == root:
+            out[f"reduce/{root}"] = t
+    coalesced = [_ints(n, rank, torch.float32, salt=n) for n in (3, 1000, 17)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist.all_reduce_coalesced(coalesced)
+    out["all_reduce_coalesced"] = torch.cat(coalesced)
+    t = _ints(64, rank, torch.float32)
+    dist.broadcast(t, world - 1)
+    out["broadcast"] = t
+    dist.barrier()
+    generator = torch.Generator().manual_seed(rank)
+    for numel in (1001, 300_000):
+        t = torch.randn(numel, generator=generator)
+        dist.all_reduce(t)
+        out[f"random/{numel}"] = t
+    return out
+
+
+def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """One all_reduce; then the program ends without destroy_process_group()."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return {"sum": t}
+
+
+SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
+    "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
+    "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
+    "interrupt": scenario_interrupt, "hosts": scenario_hosts, "no_destroy": scenario_no_destroy,
+}
+
+
+def main(argv: List[str]) -> int:
+    scenario, rank, world, backend, init, out_dir, pg_timeout = argv[:7]
+    extra = argv[7] if len(argv) > 7 else ""
+    warnings.simplefilter("ignore", FutureWarning)
+    import torch
+    import torch.distributed as dist
+
+    import tensorxfer  # noqa: F401 - registers the backend
+
+    rank_i, world_i = int(rank), int(world)
+    dist.init_process_group(backend, init_method=init, rank=rank_i, world_size=world_i,
+                            timeout=timedelta(seconds=float(pg_timeout)))
+    result = SCENARIOS[scenario](rank_i, world_i, extra)
+    torch.save(result, os.path.join(out_dir, f"{rank_i}.pt"))
+    if scenario == "no_destroy":
+        return 0  # an ordinary interpreter exit, process group still registered
+    dist.destroy_process_group()
+    # Leave without interpreter teardown: gloo's threads sometimes abort it
+    # ("terminate called without an active exception"), with gloo as with us.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
