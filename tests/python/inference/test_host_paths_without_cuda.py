@@ -44,6 +44,10 @@ def _record_torch_cuda_calls(calls: list) -> None:
 def _exercise_host_paths(connection) -> None:
     """Runs in the forked worker: every host path, then reports what touched CUDA."""
     try:
+        # A forked child must not enter an OpenMP parallel region when the parent
+        # already ran one (libgomp's team does not survive fork: the child hangs);
+        # earlier tests of the same pytest process run parallel torch ops.
+        torch.set_num_threads(1)
         from tensorxfer.inference import unified_memory as um
         from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
         from tensorxfer.ipc.replay_pipelines.transfer import build_replay_transfer_backend
