@@ -25,8 +25,6 @@ from tensorxfer.runtime import Communicator
 #: Communicator's reduction dtypes (all_gather and broadcast copy any dtype).
 REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-#: From this size half-precision tensors are reduced through a float32 copy.
-HALF_VIA_FLOAT32_MIN_ELEMENTS = 4096
 #: torch reduce ops Communicator runs, by their Communicator name.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -92,16 +90,9 @@ class HostCollectives:
         if sharded:
             self._all_reduce_sharded(tensor.view(-1), op)
             return
-        if tensor.dtype in HALF_DTYPES and tensor.numel() >= HALF_VIA_FLOAT32_MIN_ELEMENTS:
-            # Communicator sums half types in float32 and rounds once; doing the
-            # same here through a float32 copy gives the same bits, faster (it
-            # reduces bfloat16 ~20x slower than float32 per byte, see the report).
-            flat = tensor.view(-1)
-            wide = self._float32_scratch(flat.numel())
-            _copy_on_this_thread(wide, flat)
-            self._all_reduce_native(wide, op)
-            _copy_on_this_thread(flat, wide)
-            return
+        # Half types go to Communicator as they are: it widens to float32, sums in rank
+        # order and rounds once with vectorised kernels (5-8x faster than a float32 copy
+        # made here: 2 ranks, bfloat16 16 MiB 0.95-0.99 ms against 8.3-8.5 ms).
         self._all_reduce_native(tensor, op)
 
     def _all_reduce_native(self, tensor: torch.Tensor, op: str) -> None:
