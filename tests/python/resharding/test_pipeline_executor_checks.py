@@ -10,10 +10,6 @@ says, or every rank raises ValueError before anything moved; never a crash.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 import uuid
 from typing import Any, Callable, List
@@ -23,47 +19,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from child_process import run_child, run_thread_ranks
+
 from tensorxfer.resharding.pipeline_executor import DoubleBufferManager, HostKernelLauncher, PipelineExecutor
 from tensorxfer.resharding.schedule import ReceiveRequest, SendRequest, build_schedule
 from tensorxfer.runtime import LocalGroup
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "python")
 SLOT = 1024
-
-
-def run_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def run_ranks(world: int, body: Callable[[LocalGroup, DoubleBufferManager], Any], slot_nbytes: Any = SLOT,
               timeout: float = 60.0) -> List[Any]:
     """``body(group, buffers)`` on ``world`` threads-as-ranks; each result or the exception it raised."""
-    name = f"executor-{uuid.uuid4().hex[:10]}"
-    results: List[Any] = [None] * world
-
-    def main(rank: int) -> None:
-        group = LocalGroup.join(name, rank=rank, world_size=world, timeout=20)
+    def with_buffers(group: LocalGroup) -> Any:
+        slot = slot_nbytes[group.rank] if isinstance(slot_nbytes, list) else slot_nbytes
+        buffers = DoubleBufferManager(group, slot, timeout=20)
         try:
-            slot = slot_nbytes[rank] if isinstance(slot_nbytes, list) else slot_nbytes
-            buffers = DoubleBufferManager(group, slot, timeout=20)
-            try:
-                results[rank] = body(group, buffers)
-            finally:
-                buffers.close()
-        except BaseException as error:  # noqa: BLE001 - returned to the test
-            results[rank] = error
+            return body(group, buffers)
         finally:
-            group.close()
+            buffers.close()
 
-    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
-    return results
+    return run_thread_ranks(world, with_buffers, timeout, prefix="executor")
 
 
 def test_a_send_to_a_rank_outside_the_group_is_a_value_error_not_a_crash():

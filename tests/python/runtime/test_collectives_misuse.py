@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -19,41 +18,17 @@ from typing import Any, Callable, List
 import numpy as np
 import pytest
 
+from child_process import child_environment, run_child, run_thread_ranks
+
 from tensorxfer.errors import ClosedError, PeerLostError, TensorxferError
 from tensorxfer.runtime import Communicator, LocalGroup
 from tensorxfer.runtime.collectives import default_max_bytes
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "python")
 
 
 def run_ranks(world: int, body: Callable[[LocalGroup], Any], timeout: float = 30.0) -> List[Any]:
     """Runs ``body(group)`` on ``world`` threads-as-ranks; returns each result or the exception it raised."""
-    name = f"misuse-{uuid.uuid4().hex[:10]}"
-    results: List[Any] = [None] * world
-
-    def main(rank: int) -> None:
-        group = LocalGroup.join(name, rank=rank, world_size=world, timeout=20)
-        try:
-            results[rank] = body(group)
-        except BaseException as error:  # noqa: BLE001 - returned to the test
-            results[rank] = error
-        finally:
-            group.close()
-
-    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
-    return results
-
-
-def run_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    """Runs ``code`` in a fresh interpreter (a crash there fails the test, not the run)."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_thread_ranks(world, body, timeout, prefix="misuse")
 
 
 def test_all_reduce_of_a_view_over_the_staging_windows_is_refused_naming_buffer():
@@ -269,7 +244,7 @@ group.close()
 
 def test_ctrl_c_in_one_ranks_construction_fails_the_others_without_a_timeout():
     name = f"ctrl-c-{uuid.uuid4().hex[:10]}"
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
+    env = child_environment()
     ranks = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, name, str(rank)], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for rank in range(2)]
