@@ -153,7 +153,11 @@ def test_allocate_device_slots_prefaults_pages(backend):
 
 
 def test_register_host_slots_prefaults_and_keeps_content(backend):
-    fresh = np.zeros(16 << 20, np.uint8)  # calloc'ed: pages appear on first touch
+    # A private anonymous mapping: no page is resident before the first touch. (np.zeros'
+    # calloc may reuse heap memory earlier tests touched, once glibc raised its mmap
+    # threshold after they freed large arrays: then every page is resident already.)
+    mapping = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    fresh = np.frombuffer(mapping, np.uint8)
     assert resident_pages(fresh) < page_count(fresh) // 2
     filled = np.random.default_rng(1).integers(0, 255, size=1 << 20, dtype=np.uint8)
     expected = filled.copy()
