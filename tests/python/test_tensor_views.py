@@ -183,3 +183,48 @@ def test_package_exports_error_classes():
     assert tensorxfer.PeerLost is tensorxfer.PeerLostError  # the first name stays an alias
     assert tensorxfer.PeerLostError.__name__ == "PeerLostError"
     assert tensorxfer.capabilities()["version"] == tensorxfer.__version__
+
+
+# numpy arrays are read from their fields (no buffer export); a memoryview of the
+# same array takes the buffer-protocol path, so the two must describe it identically.
+_NUMPY_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                 "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def _describe(view):
+    return (view.data_ptr, view.shape, view.strides, view.dtype, view.nbytes, view.readonly, view.device)
+
+
+@pytest.mark.parametrize("dtype", _NUMPY_DTYPES)
+def test_numpy_fast_path_matches_the_buffer_protocol(dtype):
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=40, deadline=None)
+    @given(shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+           steps=st.lists(st.integers(-2, 3).filter(bool), min_size=3, max_size=3),
+           writeable=st.booleans(), transpose=st.booleans())
+    def check(shape, steps, writeable, transpose):
+        array = np.zeros(shape, dtype=dtype)
+        if array.ndim:  # (indexing a 0-d array with () gives a scalar)
+            array = array[tuple(slice(None, None, step) for step in steps[: array.ndim])]
+        if transpose:
+            array = array.T
+        array.flags.writeable = writeable
+        fast = tensorxfer._core.make_view(array, "array")
+        assert fast.owner is array
+        assert _describe(fast) == _describe(tensorxfer._core.make_view(memoryview(array), "array"))
+
+    check()
+
+
+def test_numpy_arrays_the_fast_path_does_not_take_keep_the_buffer_rules():
+    big_endian = np.zeros(4, dtype=">f4")
+    with pytest.raises(TypeError, match="big-endian"):
+        as_view(big_endian, "array")
+    # A subclass and a long double go through the buffer protocol (same result / same error).
+    subclass = np.zeros(4, dtype=np.float32).view(np.recarray)
+    assert as_view(subclass, "array").dtype == "float32"
+    with pytest.raises(TypeError, match="unsupported buffer format"):
+        as_view(np.zeros(4, dtype=np.longdouble), "array")
+    with pytest.raises(TypeError, match="unsupported buffer format"):
+        as_view(np.zeros(4, dtype="U4"), "array")
