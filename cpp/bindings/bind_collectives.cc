@@ -62,13 +62,14 @@ class PyCommunicator {
                                              spin);
   }
 
-  // Call with the GIL held (python_signal_check looks at the calling thread).
+  // Call with the GIL held (it looks at the calling thread). The hook fits
+  // std::function's inline storage: no allocation per call.
   sync::WaitHook hook() const {
-    sync::WaitHook signals = python_signal_check();
-    if (peer_check_.is_none()) return signals;
+    const bool signals = python_signals_arrive_here();
+    if (peer_check_.is_none()) return signals ? sync::WaitHook(&check_python_signals) : sync::WaitHook{};
     const PyCommunicator* self = this;  // outlives the call: the caller holds the Python object
-    return [signals = std::move(signals), self] {
-      if (signals) signals();
+    return [signals, self] {
+      if (signals) check_python_signals();
       py::gil_scoped_acquire gil;
       self->peer_check_();
     };

@@ -39,6 +39,11 @@ PyTensorView make_view(const py::handle& object, const std::string& argument);
 // reaches Python as that exception. Python runs signal handlers only in the
 // main thread, so on any other thread the hook is empty (never takes the GIL).
 sync::WaitHook python_signal_check();
+// Its two halves, for a binding that composes its own hook (without a heap
+// allocation per call): whether the calling thread (GIL held) is Python's main
+// thread, and the check itself (takes the GIL; throws py::error_already_set).
+bool python_signals_arrive_here();
+void check_python_signals();
 
 // The package-wide meaning of a wait's `timeout` (Python seconds):
 //   None                  -> no deadline: kNoDeadline (the wait still watches

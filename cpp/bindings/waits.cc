@@ -1,5 +1,6 @@
 // What every blocking binding shares: the Ctrl-C hook and the timeout rules.
 #include <Python.h>
+#include <pthread.h>
 #include <pythread.h>
 #include <unistd.h>
 
@@ -16,15 +17,18 @@ namespace {
 
 // Whether the calling thread (holding the GIL) is the one Python runs signal
 // handlers on. The main thread's ident is looked up once per process: a child
-// forked from another thread has a different main thread (and pid).
+// forked from another thread has a different main thread, so fork() forgets it
+// (an atfork handler; a getpid() per call cost a system call per wait).
+bool main_thread_known = false;           // guarded by the GIL (and reset in a fork()ed child)
+unsigned long main_thread_ident = 0;
+
 bool on_python_main_thread() {
-  static pid_t cached_pid = -1;             // guarded by the GIL
-  static unsigned long main_thread_ident = 0;
-  const pid_t pid = ::getpid();
-  if (pid != cached_pid) {
+  if (!main_thread_known) {
+    static const int registered = ::pthread_atfork(nullptr, nullptr, [] { main_thread_known = false; });
+    (void)registered;
     py::object ident = py::module_::import("threading").attr("main_thread")().attr("ident");
     main_thread_ident = ident.is_none() ? 0 : ident.cast<unsigned long>();
-    cached_pid = pid;
+    main_thread_known = true;
   }
   return PyThread_get_thread_ident() == main_thread_ident;
 }
@@ -41,14 +45,18 @@ bool is_real_number(const py::handle& object) {
 
 }  // namespace
 
+bool python_signals_arrive_here() { return on_python_main_thread(); }
+
+void check_python_signals() {
+  py::gil_scoped_acquire gil;
+  // A handler that raised (KeyboardInterrupt from the default SIGINT handler)
+  // left the Python error set: carry it out of the wait.
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 sync::WaitHook python_signal_check() {
-  if (!on_python_main_thread()) return {};
-  return [] {
-    py::gil_scoped_acquire gil;
-    // A handler that raised (KeyboardInterrupt from the default SIGINT handler)
-    // left the Python error set: carry it out of the wait.
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  };
+  if (!python_signals_arrive_here()) return {};
+  return &check_python_signals;
 }
 
 std::chrono::nanoseconds wait_timeout(const py::handle& timeout, const std::string& operation) {

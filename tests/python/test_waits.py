@@ -18,7 +18,7 @@ import pytest
 
 from tensorxfer.ipc import SlotRing
 from tensorxfer.ipc.replay_pipelines.transfer import HostReplayTransferBackend
-from tensorxfer.runtime import HostEvent, HostStream
+from tensorxfer.runtime import HostEvent, HostStream, LocalGroup
 
 # ---- timeout rules ------------------------------------------------------------------------
 
@@ -257,3 +257,54 @@ def test_sigint_ends_a_wait_without_timeout_within_100_ms(kind):
         if child.is_alive():
             child.kill()
             child.join(10.0)
+
+
+# ---- a child fork()ed from another thread: its waits still take Ctrl-C ----------------------
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_sigint_ends_a_wait_in_a_child_forked_from_another_thread():
+    # The bindings remember Python's main thread; in a child fork()ed from another
+    # thread that thread becomes the main one, so what was remembered must be forgotten.
+    ring = SlotRing.create(depth=1, slot_nbytes=64)
+    with pytest.raises(TimeoutError):
+        ring.acquire_ready(timeout=0)  # a wait on this main thread: remembered here
+    forked: Dict[str, int] = {}
+
+    def fork_here() -> None:
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:  # a group of two that nobody else joins
+                LocalGroup.join(f"forked-{os.getpid()}", rank=0, world_size=2, timeout=None)
+            except KeyboardInterrupt:
+                code = 7
+            except BaseException as error:  # noqa: BLE001 (reported, then exit code 3)
+                os.write(2, f"child: {error!r}\n".encode())
+            finally:
+                os._exit(code)
+        forked["pid"] = pid
+
+    thread = threading.Thread(target=fork_here)
+    thread.start()
+    thread.join()
+    pid = forked["pid"]
+    try:
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("SIGINT did not end the forked child's wait within 10 s")
+        assert os.waitstatus_to_exitcode(status) == 7
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        ring.close()

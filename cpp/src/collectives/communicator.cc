@@ -86,13 +86,15 @@ Algorithm choose_algorithm(std::size_t nbytes, int world_size) noexcept {
 // ---- one call ------------------------------------------------------------------
 
 void Communicator::Call::wait(BarrierLines lines, uint64_t epoch, const char* stage) {
-  const std::function<void()> watch = [this, lines, epoch] {
+  // Two pointers: fits std::function's inline storage (no allocation per wait).
+  const struct { BarrierLines lines; uint64_t epoch; } at{lines, epoch};
+  const std::function<void()> watch = [this, &at] {
     try {
       if (hook) hook();
     } catch (const PeerLost&) {  // the group's liveness check, in the hook
-      if (!owner.barrier_.arrived(lines, epoch)) throw;
+      if (!owner.barrier_.arrived(at.lines, at.epoch)) throw;
     }
-    owner.watch_peers(lines, epoch);
+    owner.watch_peers(at.lines, at.epoch);
   };
   if (owner.barrier_.wait(lines, epoch, deadline, watch) == sync::WaitStatus::kReady) return;
   throw Timeout(detail::concat(operation, ": rank ", owner.rank(), " waited ", seconds_text(timeout), " at the ",

@@ -40,6 +40,10 @@ struct Communicator::Call {
       : owner(owner), operation(operation), timeout(timeout), hook(hook) {
     TENSORXFER_CHECK(InvalidArgument, timeout.count() >= 0, operation, ": timeout must be >= 0, got ",
                      timeout.count(), " ns");
+    if (timeout == std::chrono::nanoseconds::max()) {  // no deadline: no clock read per call
+      deadline = sync::WaitTime::max();
+      return;
+    }
     const auto now = sync::WaitClock::now();
     deadline = timeout >= std::chrono::duration_cast<std::chrono::nanoseconds>(sync::WaitTime::max() - now)
                    ? sync::WaitTime::max()
