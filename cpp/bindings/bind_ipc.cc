@@ -51,7 +51,7 @@ uint32_t kind_from_text(const std::string& kind) {
 }
 
 // The ring's wait policy: "standard" (spin milliseconds while the processes fit
-// the CPUs, else sleep at once) or "fixed", and the spin budget it uses now.
+// the CPUs, else yield briefly and sleep) or "fixed", and the spin budget it uses now.
 py::dict wait_stats(const SlotRing& ring) {
   py::dict stats;
   stats["policy"] = ring.spin_policy().fixed_budget() ? "fixed" : "standard";

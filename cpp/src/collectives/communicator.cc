@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
-#include <thread>
 
 #include <unistd.h>
 
@@ -127,14 +126,9 @@ Communicator::Communicator(IpcMemory memory, std::size_t max_bytes, std::size_t 
       owner_pid_(::getpid()),
       buffer_nbytes_(buffer_bytes),
       peer_check_(std::move(peer_check)),
-      barrier_(memory_, [&] {
-        if (spin_budget.count() >= 0) return spin_budget;
-        // Ranks that fit the cores spin long enough to cover a peer's copy of a
-        // chunk; more ranks than cores spin briefly (yielding) and then sleep,
-        // so the rank being waited for gets the CPU.
-        const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-        return std::chrono::nanoseconds(static_cast<unsigned>(memory_.num_workers) <= cpus ? 200'000 : 20'000);
-      }()) {
+      barrier_(memory_, spin_budget.count() < 0
+                            ? sync::SpinPolicy::standard(memory_.num_workers)
+                            : sync::SpinPolicy::fixed(std::chrono::duration_cast<std::chrono::microseconds>(spin_budget))) {
   TENSORXFER_CHECK(Unsupported, memory_.device() == MemoryDevice::kHost,
                    "Communicator: collectives on CUDA IpcMemory need device kernels, which this build does not have");
   TENSORXFER_CHECK(InvalidArgument, memory_.is_mapped(), "Communicator: the IpcMemory must be mapped (map_peers)");

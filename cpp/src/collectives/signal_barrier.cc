@@ -4,9 +4,7 @@
 
 namespace tensorxfer::collectives {
 
-SignalBarrier::SignalBarrier(IpcMemory& memory, std::chrono::nanoseconds spin_budget)
-    : memory_(memory),
-      spin_(sync::SpinPolicy::fixed(std::chrono::duration_cast<std::chrono::microseconds>(spin_budget))) {}
+SignalBarrier::SignalBarrier(IpcMemory& memory, const sync::SpinPolicy& spin) : memory_(memory), spin_(spin) {}
 
 std::chrono::nanoseconds SignalBarrier::spin_budget() const noexcept { return spin_.budget(); }
 

@@ -71,8 +71,9 @@ class Communicator:
     default :func:`default_max_bytes`);
     ``buffer_bytes``: the zero-copy buffer (:meth:`buffer`; default
     ``max_bytes``); ``timeout``: for the construction exchange;
-    ``spin_us``: how long waits spin before they sleep (default: chosen from
-    the rank and CPU counts).
+    ``spin_us``: how long waits spin before they sleep (default: the standard
+    policy of every tensorxfer wait, see :mod:`tensorxfer.ipc.slot_ring`: 2 ms
+    while the ranks fit the CPUs, 20 us yielding the CPU when they outnumber them).
     """
 
     def __init__(

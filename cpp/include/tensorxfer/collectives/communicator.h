@@ -80,8 +80,8 @@ class Communicator {
 
   // Takes a mapped host IpcMemory of at least required_data_nbytes(...).
   // `peer_check` (optional, may throw PeerLost) runs with the segment-owner
-  // liveness check every wait slice. spin_budget < 0: chosen from world size
-  // and CPU count. Throws InvalidArgument / Unsupported (CUDA memory).
+  // liveness check every wait slice. spin_budget < 0: the package's one wait
+  // policy, sync::SpinPolicy::standard(world size); >= 0: SpinPolicy::fixed. Throws InvalidArgument / Unsupported (CUDA memory).
   Communicator(IpcMemory memory, std::size_t max_bytes, std::size_t buffer_bytes,
                std::function<void()> peer_check = {},
                std::chrono::nanoseconds spin_budget = std::chrono::nanoseconds(-1));

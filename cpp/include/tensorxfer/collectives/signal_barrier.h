@@ -29,7 +29,7 @@ class SignalBarrier {
  public:
   // `memory` must be mapped and outlive the barrier. Not thread-safe: one
   // operation at a time (the Communicator serialises its callers).
-  SignalBarrier(IpcMemory& memory, std::chrono::nanoseconds spin_budget);
+  SignalBarrier(IpcMemory& memory, const sync::SpinPolicy& spin);
 
   // `descriptor` (kIn only) goes into slot `sequence % 2` of this rank's lines.
   void arrive(BarrierLines lines, uint64_t epoch, const OpDescriptor* descriptor, uint64_t sequence) noexcept;
