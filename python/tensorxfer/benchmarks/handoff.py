@@ -50,8 +50,8 @@ def _sleep_until(deadline_ns: int) -> None:
 
 
 # The spin budget of each ring variant: the default (None) is the standard policy
-# (spin 2 ms, pausing then yielding, while producer and consumer fit the CPUs; sleep
-# at once otherwise), 0 sleeps at once, 1000 us outlasts the 0.5 ms publish interval.
+# (spin 2 ms, pausing then yielding, while producer and consumer fit the CPUs; yield
+# 20 us, then sleep otherwise), 0 sleeps at once, 1000 us outlasts the 0.5 ms publish interval.
 _RING_SPIN_US = {"slot_ring": None, "slot_ring_nospin": 0.0, "slot_ring_spin": 1000.0}
 
 
