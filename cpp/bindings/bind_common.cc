@@ -348,13 +348,14 @@ bool view_from_numpy(const py::handle& handle, PyTensorView& result) {
 }  // namespace
 
 PyTensorView make_view(const py::handle& object, const std::string& argument) {
-  if (py::isinstance<PyTensorView>(object)) return object.cast<PyTensorView>();
   if (PyTensorView fast; view_from_numpy(object, fast)) {
     require_valid_sizes(fast.view, argument);
     fast.owner = py::reinterpret_borrow<py::object>(object);
     return fast;
   }
   if (PyTensorView fast; view_from_torch(object, argument, fast)) return fast;
+  // After the fast paths: the type lookup costs more than their type checks.
+  if (py::isinstance<PyTensorView>(object)) return object.cast<PyTensorView>();
   if (PyObject_CheckBuffer(object.ptr())) return view_from_buffer(object, argument);
   if (py::hasattr(object, "__dlpack__")) return view_from_dlpack(object, argument);
   throw TypeMismatch(argument + ": expected a numpy array, torch tensor, or an object with "
