@@ -178,8 +178,8 @@ def test_waits_release_the_gil(ring, producer):
 
 def test_spin_budget_is_configurable(ring):
     assert ring.spin_us is None
-    # The standard policy: milliseconds while a producer and the consumer fit the CPUs, else none.
-    assert ring.current_spin_us == (2000.0 if len(os.sched_getaffinity(0)) >= 2 else 0.0)
+    # The standard policy: milliseconds while a producer and the consumer fit the CPUs, else 20 us.
+    assert ring.current_spin_us == (2000.0 if len(os.sched_getaffinity(0)) >= 2 else 20.0)
     ring.spin_us = 0
     assert ring.spin_us == 0 and ring.current_spin_us == 0
     ring.spin_us = 150
