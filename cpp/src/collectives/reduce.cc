@@ -56,8 +56,9 @@ inline T wrapping_add(T a, T b) noexcept {
 }
 
 template <typename Kind>
-void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int divisor, void* destination,
-                  void* second_destination, std::size_t count) noexcept {
+__attribute__((always_inline)) inline void reduce_tiles(ReduceOp op, const void* const* sources, int source_count,
+                                                        int divisor, void* destination, void* second_destination,
+                                                        std::size_t count) noexcept {
   using S = typename Kind::storage;
   using A = typename Kind::accumulator;
   alignas(64) A accumulator[kTile];
@@ -100,6 +101,28 @@ void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int
       for (std::size_t i = 0; i < n; ++i) second[i] = Kind::store(acc[i]);
     }
   }
+}
+
+template <typename Kind>
+void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int divisor, void* destination,
+                  void* second_destination, std::size_t count) noexcept {
+  reduce_tiles<Kind>(op, sources, source_count, divisor, destination, second_destination, count);
+}
+
+// float32 tiles compiled for AVX2 as well (8 lanes instead of SSE2's 4), used
+// where the chosen vector set has AVX2. The same per-element operations in the
+// same order: bitwise the portable results. Measured (4 ranks on 2 vCPUs, AMD
+// EPYC, all_reduce float32, medians of 8 interleaved loops): 4-8% faster at 256 KiB
+// to 64 MiB; 2 ranks 1-3%.
+bool float32_vector_tiles(HalfKernels choice) noexcept {
+  if (choice == HalfKernels::kAuto) choice = best_half_kernels();
+  return (choice == HalfKernels::kAvx2 || choice == HalfKernels::kAvx512) && __builtin_cpu_supports("avx2");
+}
+
+__attribute__((target("avx2"))) void reduce_float32_avx2(ReduceOp op, const void* const* sources, int source_count,
+                                                         int divisor, void* destination, void* second_destination,
+                                                         std::size_t count) noexcept {
+  reduce_tiles<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination, count);
 }
 
 // Half types: each tile is widened into a float32 accumulator (fused with the
@@ -235,6 +258,9 @@ void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, 
                      HalfKernels half_kernels) noexcept {
   switch (type) {
     case ElementType::kFloat32:
+      if (float32_vector_tiles(half_kernels)) {
+        return reduce_float32_avx2(op, sources, source_count, divisor, destination, second_destination, count);
+      }
       return reduce_typed<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination,
                                                count);
     case ElementType::kFloat64:

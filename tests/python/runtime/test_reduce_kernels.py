@@ -100,3 +100,40 @@ def test_unknown_or_unsupported_kernel_set_is_refused():
     words = np.zeros(4, np.uint16)
     with pytest.raises(ValueError, match="kernels must be one of"):
         _core.reduce_elements("bfloat16", "sum", [words], words.copy(), 1, "sse9")
+
+
+# float32 tiles: the vector sets reduce with AVX2 lanes, the portable set with the baseline
+# ISA's; the same operations in the same order must give the same bits (NaN payloads, -0.0,
+# subnormals, infinities, max/min with NaN included).
+FLOAT32_SPECIAL = [0x00000000, 0x80000000, 0x3F800000, 0xBF800000, 0x7F800000, 0xFF800000, 0x7FC00000,
+                   0xFFC00001, 0x7F800001, 0x00000001, 0x007FFFFF, 0x80000001, 0x00800000, 0x7F7FFFFF,
+                   0x33800000, 0x4B000000, 0x4B000001]
+
+
+@st.composite
+def float32_reductions(draw):
+    sources = draw(st.integers(1, 4))
+    length = draw(st.integers(0, 2100))  # past one 1024-element tile
+    offset = draw(st.integers(0, 17))
+    words = st.one_of(st.sampled_from(FLOAT32_SPECIAL), st.integers(0, 0xFFFFFFFF))
+    placed = []
+    for _ in range(sources):
+        backing = np.zeros(offset + length, np.uint32)
+        backing[offset:] = draw(st.lists(words, min_size=length, max_size=length))
+        placed.append(backing[offset:].view(np.float32))
+    return draw(st.sampled_from(OPS)), placed, offset
+
+
+@pytest.mark.skipif(not VECTOR_SETS, reason="this CPU runs no vector kernel set (needs AVX2+F16C or AVX-512F)")
+@pytest.mark.parametrize("kernels", VECTOR_SETS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=float32_reductions())
+def test_float32_vector_tiles_match_portable_bitwise(kernels, case):
+    op, sources, offset = case
+    expected = np.empty(offset + len(sources[0]), np.float32)[offset:]
+    got = np.empty(offset + len(sources[0]), np.float32)[offset:]
+    with np.errstate(all="ignore"):
+        _core.reduce_elements("float32", op, sources, expected, len(sources), "portable")
+        _core.reduce_elements("float32", op, sources, got, len(sources), kernels)
+    assert got.tobytes() == expected.tobytes(), (np.flatnonzero(got.view(np.uint32) != expected.view(np.uint32))[:8],
+                                                 kernels)

@@ -27,9 +27,10 @@ std::size_t element_size(ElementType type) noexcept;
 ReduceOp parse_reduce_op(const std::string& name);
 const char* reduce_op_name(ReduceOp op) noexcept;
 
-// The half-precision (bfloat16, float16) conversion kernels: kAuto is the widest
-// set this CPU runs (chosen once, at first use); every set gives bitwise the same
-// results, so ranks agree whatever CPU each runs on.
+// The vector sets of the reduction: the half-precision (bfloat16, float16)
+// conversion kernels, and float32 tiles (AVX2 in the avx2 and avx512 sets).
+// kAuto is the widest set this CPU runs (chosen once, at first use); every set
+// gives bitwise the same results, so ranks agree whatever CPU each runs on.
 enum class HalfKernels : uint32_t { kAuto, kPortable, kAvx2, kAvx512 };
 bool half_kernels_supported(HalfKernels kernels) noexcept;
 HalfKernels best_half_kernels() noexcept;
