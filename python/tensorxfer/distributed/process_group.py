@@ -5,16 +5,16 @@
 """``TensorxferProcessGroup``: the ``torch.distributed`` process group behind ``"tensorxfer"``.
 
 Accelerated over shared memory (one :class:`~tensorxfer.runtime.Communicator`
-per host; see :mod:`tensorxfer.distributed.hierarchical` across hosts):
-``all_reduce`` (sum, avg, min, max of float32/64, bfloat16, float16, int32,
-int64) and its coalesced form, ``reduce`` (the same), and on one host also
-``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
-``reduce_scatter_tensor``, ``broadcast`` and ``barrier``. Delegated to a gloo
-process group made on the same store: everything else (``product`` and other
-dtypes, ``gather``, ``scatter``, ``all_to_all``, ``all_to_all_single``,
+per host; across hosts composed with one gloo or MPI step, see
+:mod:`tensorxfer.distributed.hierarchical`): ``all_reduce`` (sum, avg, min,
+max of float32/64, bfloat16, float16, int32, int64) and its coalesced form,
+``reduce``, ``reduce_scatter`` and ``reduce_scatter_tensor`` (the same ops and
+dtypes), ``all_gather``, ``all_gather_into_tensor`` and ``broadcast`` (any
+dtype) and ``barrier``. Delegated to a gloo process group made on the same
+store: everything else (``product`` and other dtypes, ``gather``,
+``scatter``, ``all_to_all``, ``all_to_all_single``,
 ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``,
-``all_gather_coalesced``) and, across hosts, every op but ``all_reduce`` and
-``reduce``.
+``all_gather_coalesced``).
 
 Every op runs on the group's own thread, in submission order; delegated
 collectives finish there before the next op starts, point-to-point ops are
@@ -34,9 +34,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
+from tensorxfer.distributed.cross_host import CrossHost, make_cross_host
 from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
 from tensorxfer.distributed.topology import Topology, probe
@@ -104,12 +105,15 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._group = self._join_local_group()
         spin_us = _spin_us(self._store, rank, world_size, len(self.topology.local_ranks))
         self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
-        self._host = HostCollectives(self.topology, self._comm, self._make_cross_group(), self._timeout_s)
+        self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
+        self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
         self._other_devices: Dict[str, Any] = {}
         failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
         self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
+        #: Ops handed to the gloo group so far (what this backend does not accelerate).
+        self.delegated_ops = 0
         _live_groups.add(self)
 
     # ---- construction ------------------------------------------------------------
@@ -122,17 +126,6 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         name = bytes(self._store.get(key)).decode("ascii")
         return LocalGroup.join(name, rank=self.topology.local_rank,
                                world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
-
-    def _make_cross_group(self) -> Optional[Any]:
-        hosts = self.topology.hosts
-        if len(hosts) == 1:
-            return None
-        index = self.topology.local_rank
-        if not self.topology.equal_hosts and index != 0:
-            return None
-        members = [ranks[index] for ranks in hosts]
-        store = PrefixStore(f"cross/{index}/", self._store)
-        return ProcessGroupGloo(store, members.index(self.rank()), len(members), self._timeout)
 
     def _release_shared_memory(self) -> None:
         for resource in (self._comm, self._group):
@@ -185,6 +178,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         other = self._device_group(tensors, op)
         if other is not None:
             return delegated(other)
+        if accelerated is None:
+            self.delegated_ops += 1
 
         def body(work: Work) -> None:
             if accelerated is not None:
@@ -267,29 +262,24 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts), opts)
 
-    def _one_host(self) -> bool:
-        return not self._host.multi_host
-
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         run = None
-        if self._one_host() and len(inputs) == 1:
+        if len(inputs) == 1:
             def run() -> None:
                 source = inputs[0].contiguous()
                 gathered = torch.empty((self.size(),) + tuple(source.shape), dtype=source.dtype)
-                self._comm.all_gather(gathered, source, timeout=self._timeout_s)
+                self._host.all_gather(gathered, source)
                 for output, part in zip(output_lists[0], gathered):
                     output.copy_(part)
 
         return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts), opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
-        run = None
-        if self._one_host():
-            def run() -> None:
-                _contiguous_run(output, lambda out: self._comm.all_gather(out, input.contiguous(),
-                                                                          timeout=self._timeout_s))
+        opts = opts if opts is not None else AllgatherOptions()
+
+        def run() -> None:
+            _contiguous_run(output, lambda out: self._host.all_gather(out, input.contiguous()))
 
         return self._submit("all_gather_into_tensor", [output], [output, input], run,
                             lambda g: g._allgather_base(output, input, opts), opts)
@@ -303,7 +293,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         return self._submit("all_gather_coalesced", output_lists, inputs, None,
                             lambda g: g.allgather_coalesced(output_lists, inputs, opts), opts)
 
@@ -311,10 +301,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = reducible(outputs[0], opts.reduceOp) if len(outputs) == 1 else None
         run = None
-        if self._one_host() and op is not None:
+        if op is not None:
             def run() -> None:
                 flat = torch.cat([part.reshape(-1) for part in input_lists[0]])
-                _contiguous_run(outputs[0], lambda out: self._comm.reduce_scatter(out, flat, op, timeout=self._timeout_s))
+                _contiguous_run(outputs[0], lambda out: self._host.reduce_scatter(out, flat, op))
 
         return self._submit("reduce_scatter", outputs, outputs + input_lists[0], run,
                             lambda g: g.reduce_scatter(outputs, input_lists, opts), opts)
@@ -323,10 +313,9 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = reducible(output, opts.reduceOp)
         run = None
-        if self._one_host() and op is not None:
+        if op is not None:
             def run() -> None:
-                _contiguous_run(output, lambda out: self._comm.reduce_scatter(out, input.contiguous(), op,
-                                                                              timeout=self._timeout_s))
+                _contiguous_run(output, lambda out: self._host.reduce_scatter(out, input.contiguous(), op))
 
         return self._submit("reduce_scatter_tensor", [output], [output, input], run,
                             lambda g: g._reduce_scatter_base(output, input, opts), opts)
@@ -342,16 +331,15 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         run = None
-        if self._one_host() and len(tensors) == 1:
+        if len(tensors) == 1:
             def run() -> None:
-                _contiguous_run(tensors[0], lambda t: self._comm.broadcast(t, opts.rootRank, timeout=self._timeout_s))
+                _contiguous_run(tensors[0], lambda t: self._host.broadcast(t, opts.rootRank))
 
         return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts), opts)
 
     def barrier(self, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BarrierOptions()
-        run = (lambda: self._comm.barrier(timeout=self._timeout_s)) if self._one_host() else None
-        return self._submit("barrier", [], [], run, lambda g: g.barrier(opts), opts)
+        return self._submit("barrier", [], [], self._host.barrier, lambda g: g.barrier(opts), opts)
 
     # ---- delegated to gloo ----------------------------------------------------------
 

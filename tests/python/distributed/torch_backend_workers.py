@@ -2,7 +2,8 @@
 
 ``python torch_backend_workers.py SCENARIO RANK WORLD BACKEND INIT_METHOD OUT_DIR TIMEOUT_S``
 initializes torch.distributed with BACKEND, runs SCENARIO and saves what it
-returns to OUT_DIR/RANK.pt (torch.save). :func:`launch` starts them.
+returns to OUT_DIR/RANK.pt (torch.save). :func:`launch` starts them;
+:func:`mpirun_command` starts them under ``mpirun`` (RANK ``mpi``: the MPI rank).
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def start(scenario: str, world: int, backend: str, out_dir: str, *,
           wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
           extra: str = "") -> List[subprocess.Popen]:
     init = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), *sys.path) if p)
+    env = worker_env()
     processes = []
     for rank in range(world):
         prefix = list(wrappers[rank]) if wrappers else []
@@ -57,6 +57,34 @@ def start(scenario: str, world: int, backend: str, out_dir: str, *,
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
     return processes
+
+
+MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
+
+
+def mpirun_command(scenario: str, world: int, backend: str, out_dir: str, *,
+                   wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
+                   extra: str = "") -> List[str]:
+    """An ``mpirun`` command line running ``scenario`` on ``world`` ranks (MPMD: one app context per rank,
+    so ``wrappers[r]`` prefixes rank r's command); MPI over TCP (the ranks may not share /dev/shm)."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    command = [MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+               "-x", "PYTHONPATH"]
+    if os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    for rank in range(world):
+        prefix = list(wrappers[rank]) if wrappers else []
+        if rank:
+            command.append(":")
+        command += ["-np", "1"] + prefix + [sys.executable, os.path.join(HERE, "torch_backend_workers.py"), scenario,
+                                            "mpi", str(world), backend, init, out_dir, str(pg_timeout_s), extra]
+    return command
+
+
+def worker_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), *sys.path) if p)
+    return env
 
 
 def finish(processes: List[subprocess.Popen], timeout_s: float) -> List[tuple]:
@@ -314,7 +342,7 @@ def scenario_interrupt(rank: int, world: int, extra: str) -> Dict[str, Any]:
 
 
 def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
-    """all_reduce and reduce (hierarchical across simulated hosts) on exact inputs, plus random sums."""
+    """Every accelerated op (hierarchical across simulated hosts) on exact inputs, plus random sums."""
     import torch
     import torch.distributed as dist
 
@@ -330,24 +358,52 @@ def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
                 dist.all_reduce(t, op=op)
                 out[f"all_reduce/{name}/{dtype}/{numel}"] = t
     for root in range(world):
-        t = _ints(999, rank, torch.float32)
-        dist.reduce(t, root)
-        if rank == root:
-            out[f"reduce/{root}"] = t
+        for name, op in (("sum", R.SUM), ("max", R.MAX)):
+            t = _ints(999, rank, torch.float32)
+            dist.reduce(t, root, op=op)
+            if rank == root:
+                out[f"reduce/{name}/{root}"] = t
     coalesced = [_ints(n, rank, torch.float32, salt=n) for n in (3, 1000, 17)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist.all_reduce_coalesced(coalesced)
     out["all_reduce_coalesced"] = torch.cat(coalesced)
-    t = _ints(64, rank, torch.float32)
-    dist.broadcast(t, world - 1)
-    out["broadcast"] = t
-    dist.barrier()
+    for numel in (1, 5, 70_001):
+        for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+            mine = _ints(numel, rank, dtype).abs()
+            parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+            dist.all_gather(parts, mine)
+            out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
+            whole = torch.empty(world * numel, dtype=dtype)
+            dist.all_gather_into_tensor(whole, mine)
+            out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
+            for root in range(world):
+                t = _ints(numel, rank, dtype).abs()
+                dist.broadcast(t, root)
+                out[f"broadcast/{root}/{dtype}/{numel}"] = t
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX)):
+                chunk = torch.empty(numel, dtype=dtype)
+                dist.reduce_scatter(chunk, [_ints(numel, rank, dtype, salt=i) for i in range(world)], op=op)
+                out[f"reduce_scatter/{name}/{dtype}/{numel}"] = chunk
+                chunk = torch.empty(numel, dtype=dtype)
+                dist.reduce_scatter_tensor(chunk, _ints(world * numel, rank, dtype), op=op)
+                out[f"reduce_scatter_tensor/{name}/{dtype}/{numel}"] = chunk
+    grid = _ints((4, 6), rank, torch.float32)
+    dist.broadcast(grid, 0)
+    out["broadcast/2d"] = grid
+    for _ in range(3):
+        dist.barrier()
     generator = torch.Generator().manual_seed(rank)
     for numel in (1001, 300_000):
         t = torch.randn(numel, generator=generator)
         dist.all_reduce(t)
         out[f"random/{numel}"] = t
+    cross = getattr(group, "cross_host", None)
+    if cross is not None:
+        out["cross_host"] = (cross.transport, cross.calls)
+    if hasattr(group, "delegated_ops"):
+        out["delegated_ops"] = group.delegated_ops
     return out
 
 
@@ -377,7 +433,8 @@ def main(argv: List[str]) -> int:
 
     import tensorxfer  # noqa: F401 - registers the backend
 
-    rank_i, world_i = int(rank), int(world)
+    rank_i = int(os.environ["OMPI_COMM_WORLD_RANK"]) if rank == "mpi" else int(rank)
+    world_i = int(world)
     dist.init_process_group(backend, init_method=init, rank=rank_i, world_size=world_i,
                             timeout=timedelta(seconds=float(pg_timeout)))
     result = SCENARIOS[scenario](rank_i, world_i, extra)
@@ -387,6 +444,9 @@ def main(argv: List[str]) -> int:
     dist.destroy_process_group()
     # Leave without interpreter teardown: gloo's threads sometimes abort it
     # ("terminate called without an active exception"), with gloo as with us.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()  # mpirun fails a job whose ranks exit without it
     sys.stdout.flush()
     os._exit(0)
 
