@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from conftest import torch_or_skip
@@ -21,7 +24,15 @@ def _out(tmp_path, name):
     return str(path)
 
 
-def _check_against_gloo(reference, results, expected_hosts):
+def _hosts_of(sizes):
+    expected_hosts = []
+    for size in sizes:
+        start = sum(len(h) for h in expected_hosts)
+        expected_hosts.append(list(range(start, start + size)))
+    return expected_hosts
+
+
+def _check_against_gloo(reference, results, expected_hosts, transport="gloo"):
     world = len(results)
     for rank in range(world):
         assert results[rank].pop("hosts") == expected_hosts
@@ -29,8 +40,8 @@ def _check_against_gloo(reference, results, expected_hosts):
         equal_hosts = len({len(ranks) for ranks in expected_hosts}) == 1
         assert results[rank].pop("delegated_ops") == 0, f"rank {rank} handed ops to flat gloo"
         cross = results[rank].pop("cross_host", None)
-        if equal_hosts or local_index == 0:  # this rank ran the cross-host steps, over gloo
-            assert cross is not None and cross[0] == "gloo" and cross[1] > 0, (rank, cross)
+        if equal_hosts or local_index == 0:  # this rank ran the cross-host steps, over `transport`
+            assert cross is not None and cross[0] == transport and cross[1] > 0, (rank, cross)
         else:
             assert cross is None, (rank, cross)
         assert reference[rank].keys() == results[rank].keys(), rank
@@ -47,10 +58,7 @@ def _check_against_gloo(reference, results, expected_hosts):
 def test_hierarchical_collectives_match_flat_gloo(sizes, tmp_path):
     """Every accelerated op, composed across hosts, gives gloo's results; every host's /dev/shm ends empty."""
     world = sum(sizes)
-    expected_hosts = []
-    for size in sizes:
-        start = sum(len(h) for h in expected_hosts)
-        expected_hosts.append(list(range(start, start + size)))
+    expected_hosts = _hosts_of(sizes)
     reference = workers.launch("hosts", world, "gloo", _out(tmp_path, "gloo"), timeout_s=150)
     with SimulatedHosts(sizes) as hosts:
         results = workers.launch("hosts", world, "tensorxfer", _out(tmp_path, "tx"), timeout_s=150,
@@ -71,3 +79,32 @@ def test_hosts_whose_ranks_interleave(tmp_path):
         for host in range(2):
             assert hosts.shm_listing(host) == [], f"host {host}'s /dev/shm not clean"
     _check_against_gloo(reference, results, [[0, 2], [1, 3]])
+
+
+def _mpi_unavailable():
+    if not os.path.exists(workers.MPIRUN):
+        return f"no mpirun next to the interpreter ({workers.MPIRUN})"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    return None
+
+
+@pytest.mark.skipif(_mpi_unavailable() is not None, reason=str(_mpi_unavailable()))
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.slow)], ids=["2+2", "1+3"])
+def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
+    """Ranks started by mpirun (MPI over TCP) in simulated hosts: the cross-host step goes through MPI
+    (the groups' transport and call counts say so), and every op still gives flat gloo's results."""
+    world = sum(sizes)
+    reference = workers.launch("hosts", world, "gloo", _out(tmp_path, "gloo"), timeout_s=150)
+    out = _out(tmp_path, "tx")
+    with SimulatedHosts(sizes) as hosts:
+        command = workers.mpirun_command("hosts", world, "tensorxfer", out, wrappers=hosts.wrappers)
+        done = subprocess.run(command, env=workers.worker_env(), capture_output=True, text=True, timeout=200)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        for host in range(len(sizes)):
+            assert hosts.shm_listing(host) == [], f"host {host}'s /dev/shm not clean"
+    results = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(world)]
+    _check_against_gloo(reference, results, _hosts_of(sizes), transport="mpi")

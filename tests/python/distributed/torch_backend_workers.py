@@ -83,7 +83,9 @@ def mpirun_command(scenario: str, world: int, backend: str, out_dir: str, *,
 
 def worker_env() -> Dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), *sys.path) if p)
+    paths = (HERE, *env.get("PYTHONPATH", "").split(os.pathsep), *sys.path)
+    # absolute: mpirun's daemons start ranks in another directory
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
     return env
 
 
