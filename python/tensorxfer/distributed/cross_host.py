@@ -18,6 +18,7 @@ agree on the choice through the store.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -30,6 +31,8 @@ _GLOO_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.Red
 _HALF = (torch.bfloat16, torch.float16)
 _MPIRUN_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 CHOICE_VARIABLE = "TENSORXFER_DIST_CROSS_HOST"
+#: How often a waiting gloo step looks whether a rank published a failure.
+WATCH_S = 0.05
 
 
 class CrossHost(Protocol):
@@ -53,6 +56,9 @@ class CrossHost(Protocol):
 
     def barrier(self) -> None: ...
 
+    def abort(self) -> None:
+        """After a failure: the other members' pending and later steps fail at once (gloo), or nothing (MPI)."""
+
 
 class GlooCrossHost:
     """The cross-host group as a gloo process group on the backend's store."""
@@ -62,32 +68,54 @@ class GlooCrossHost:
     def __init__(self, group: Any, host_index: int, hosts: int) -> None:
         self.host_index, self.hosts, self.calls = host_index, hosts, 0
         self._group = group
+        #: Called while a step waits (see _wait); raises to end the wait.
+        self.watch: Optional[Callable[[], None]] = None
 
     def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         self.calls += 1
         options = dist.AllreduceOptions()
         options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]  # torch converts the enum
-        self._group.allreduce([tensor], options).wait()
+        self._wait(self._group.allreduce([tensor], options))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         self.calls += 1
-        self._group._allgather_base(output.view(-1), input.view(-1), AllgatherOptions()).wait()
+        self._wait(self._group._allgather_base(output.view(-1), input.view(-1), AllgatherOptions()))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         self.calls += 1
         options = dist.ReduceScatterOptions()
         options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]
+        # gloo's reduce-scatter work has no future (and only progresses in wait()): not watched
         self._group._reduce_scatter_base(output.view(-1), input.view(-1), options).wait()
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.calls += 1
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self._group.broadcast([tensor], options).wait()
+        self._wait(self._group.broadcast([tensor], options))
 
     def barrier(self) -> None:
         self.calls += 1
-        self._group.barrier(dist.BarrierOptions()).wait()
+        self._wait(self._group.barrier(dist.BarrierOptions()))
+
+    def abort(self) -> None:
+        self._group.shutdown()
+
+    def _wait(self, work: Any) -> None:
+        """``work.wait()``; while it waits, ``watch()`` runs every :data:`WATCH_S` and may raise.
+
+        A peer that failed elsewhere keeps its gloo connections open until it
+        exits; ``watch`` (the failure reporter's look at the store) ends the wait
+        as soon as any rank published a failure.
+        """
+        if self.watch is None:
+            work.wait()
+            return
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        while not done.wait(WATCH_S):
+            self.watch()
+        work.wait()
 
 
 def _as_bytes(tensor: torch.Tensor) -> Any:
@@ -159,6 +187,9 @@ class MpiCrossHost:
     def barrier(self) -> None:
         self.calls += 1
         self._comm.Barrier()
+
+    def abort(self) -> None:
+        pass  # MPI has no abort of one communicator; a lost rank ends the whole job under mpirun
 
 
 def _launched_by_mpirun() -> bool:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
-from tensorxfer.distributed.cross_host import CrossHost, make_cross_host
+from tensorxfer.distributed.cross_host import CrossHost, GlooCrossHost, make_cross_host
 from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
 from tensorxfer.distributed.topology import Topology, probe
@@ -49,6 +49,8 @@ from tensorxfer.runtime.group import host_identity
 #: destroy_process_group(), so a program that exits without it would leave the
 #: local group's segment in /dev/shm: these are shut down at exit instead.
 _live_groups: "weakref.WeakSet[TensorxferProcessGroup]" = weakref.WeakSet()
+#: How long a failed group's shutdown waits for the other survivors to read who died.
+FAILURE_READ_S = 5.0
 
 
 def _shut_down_live_groups() -> None:
@@ -108,7 +110,9 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
         self._other_devices: Dict[str, Any] = {}
-        failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
+        self._failures = failures = FailureReporter(self._store, self.topology, self._group, self._release_after_failure)
+        if isinstance(self.cross_host, GlooCrossHost):
+            self.cross_host.watch = failures.raise_if_published
         self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
@@ -126,6 +130,14 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         name = bytes(self._store.get(key)).decode("ascii")
         return LocalGroup.join(name, rank=self.topology.local_rank,
                                world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
+
+    def _release_after_failure(self) -> None:
+        if self.cross_host is not None:
+            try:
+                self.cross_host.abort()
+            except Exception:  # noqa: BLE001
+                pass
+        self._release_shared_memory()
 
     def _release_shared_memory(self) -> None:
         for resource in (self._comm, self._group):
@@ -381,6 +393,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         _live_groups.discard(self)
         wait_s = self._timeout_s if wait_s is None else wait_s
         stopped = self._ops.stop(wait_s) and self._p2p.stop(wait_s)
+        if self._ops.failure is not None:  # the store may live in this process: let the others read it first
+            self._failures.wait_until_read(min(wait_s, FAILURE_READ_S))
         if stopped:  # a thread still inside a native wait keeps using the memory: leave it to exit
             self._release_shared_memory()
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -108,3 +110,35 @@ def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
             assert hosts.shm_listing(host) == [], f"host {host}'s /dev/shm not clean"
     results = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(world)]
     _check_against_gloo(reference, results, _hosts_of(sizes), transport="mpi")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["non-leader", "leader"])
+def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, tmp_path):
+    """2 hosts x 2 ranks, one rank SIGKILLed in the middle: the survivors on both hosts raise naming it
+    within the process group's timeout, and neither host's /dev/shm keeps a segment."""
+    pg_timeout, world = 20.0, 4
+    out = _out(tmp_path, "tx")
+    with SimulatedHosts([2, 2]) as hosts:
+        processes = workers.start("victim", world, "tensorxfer", out, wrappers=hosts.wrappers,
+                                  pg_timeout_s=pg_timeout, extra=f"{victim},all_reduce")
+        line = processes[victim].stdout.readline()
+        assert "READY" in line, line
+        killed_at = time.monotonic()
+        processes[victim].send_signal(signal.SIGKILL)
+        outputs = workers.finish(processes, timeout_s=pg_timeout + 30)
+        elapsed = time.monotonic() - killed_at
+        deadline = time.monotonic() + 5.0  # the survivors' exits unlink what the victim left
+        listings = [hosts.shm_listing(host) for host in range(2)]
+        while any(listings) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            listings = [hosts.shm_listing(host) for host in range(2)]
+        assert listings == [[], []], listings
+    for rank, (code, text) in enumerate(outputs):
+        if rank == victim:
+            continue
+        assert code == 0, text
+        result = torch.load(os.path.join(out, f"{rank}.pt"))
+        assert result["error"] is not None and f"rank {victim}" in result["error"], (rank, result)
+        assert result["seconds"] < pg_timeout, (rank, result)
+    assert elapsed < pg_timeout + 15
