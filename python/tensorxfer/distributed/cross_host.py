@@ -56,10 +56,6 @@ class CrossHost(Protocol):
 
     def barrier(self) -> None: ...
 
-    def abort(self) -> None:
-        """After a failure: the other members' pending and later steps fail at once (gloo), or nothing (MPI)."""
-
-
 class GlooCrossHost:
     """The cross-host group as a gloo process group on the backend's store."""
 
@@ -97,9 +93,6 @@ class GlooCrossHost:
     def barrier(self) -> None:
         self.calls += 1
         self._wait(self._group.barrier(dist.BarrierOptions()))
-
-    def abort(self) -> None:
-        self._group.shutdown()
 
     def _wait(self, work: Any) -> None:
         """``work.wait()``; while it waits, ``watch()`` runs every :data:`WATCH_S` and may raise.
@@ -187,10 +180,6 @@ class MpiCrossHost:
     def barrier(self) -> None:
         self.calls += 1
         self._comm.Barrier()
-
-    def abort(self) -> None:
-        pass  # MPI has no abort of one communicator; a lost rank ends the whole job under mpirun
-
 
 def _launched_by_mpirun() -> bool:
     return any(name in os.environ for name in _MPIRUN_VARIABLES)

@@ -99,7 +99,7 @@ class FailureReporter:
         if lost is not None:
             self._named = lost
             self._acknowledge()
-        self._release()  # the ranks blocked on us (this host's, our cross-host group's) notice now
+        self._release()  # this host's ranks blocked on us notice now
         rank = self._topology.rank
         if lost is not None:
             return PeerLostError(f"tensorxfer backend: {op} on rank {rank} failed: rank {lost} died "

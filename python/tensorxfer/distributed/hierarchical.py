@@ -86,17 +86,11 @@ class HostCollectives:
         self.world_size = sum(len(ranks) for ranks in topology.hosts)
         self._scratch = torch.empty(0, dtype=torch.float32)  # grown on demand, reused
         hosts, local_size = topology.hosts, len(topology.local_ranks)
+        self.multi_host = len(hosts) > 1
+        self._sharded = self.multi_host and topology.equal_hosts
         #: Equal hosts: the global rank of row i * hosts + h of a [local index][host] layout.
         self._by_local_index = torch.tensor([hosts[h][i] for i in range(local_size) for h in range(len(hosts))]
                                             if topology.equal_hosts else [], dtype=torch.int64)
-
-    @property
-    def multi_host(self) -> bool:
-        return len(self.topology.hosts) > 1
-
-    @property
-    def _sharded(self) -> bool:
-        return self.multi_host and self.topology.equal_hosts
 
     @property
     def _leader(self) -> bool:

@@ -110,7 +110,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
         self._other_devices: Dict[str, Any] = {}
-        self._failures = failures = FailureReporter(self._store, self.topology, self._group, self._release_after_failure)
+        failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
+        self._failures = failures
         if isinstance(self.cross_host, GlooCrossHost):
             self.cross_host.watch = failures.raise_if_published
         self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
@@ -131,14 +132,6 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return LocalGroup.join(name, rank=self.topology.local_rank,
                                world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
 
-    def _release_after_failure(self) -> None:
-        if self.cross_host is not None:
-            try:
-                self.cross_host.abort()
-            except Exception:  # noqa: BLE001
-                pass
-        self._release_shared_memory()
-
     def _release_shared_memory(self) -> None:
         for resource in (self._comm, self._group):
             try:
@@ -150,9 +143,9 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _device_group(self, tensors: List[torch.Tensor], op: str) -> Optional[Any]:
         """None for CPU tensors; for another device, the process group named for it (else raises)."""
-        types = {t.device.type for t in tensors}
-        if types <= {"cpu"}:
+        if all(t.is_cpu for t in tensors):
             return None
+        types = {t.device.type for t in tensors}
         if len(types) > 1:
             raise ValueError(f"tensorxfer backend: {op} got tensors on several devices: {sorted(types)}")
         device = types.pop()
@@ -179,7 +172,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         raise RuntimeError(f"tensorxfer backend: the {backend!r} backend named for {device} tensors is not available")
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
-                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Work:
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
         """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
 
         With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
@@ -192,15 +185,19 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             return delegated(other)
         if accelerated is None:
             self.delegated_ops += 1
+            run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
+        else:
+            run = accelerated
+        if not getattr(opts, "asyncOp", True):
+            done = self._ops.run_now(op, outputs, run)
+            if done is not None:
+                return done
 
         def body(work: Work) -> None:
-            if accelerated is not None:
-                accelerated()
-            else:
-                delegated(self._gloo).wait()
+            run()
             work.finish()
 
-        return self._ops.submit(op, outputs, body, inline=not getattr(opts, "asyncOp", True))
+        return self._ops.submit(op, outputs, body)
 
     def _submit_p2p(self, op: str, tensors: List[torch.Tensor], start: Callable[[Any], Any]) -> Work:
         if self._closed:
