@@ -35,12 +35,18 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_collectives import free_port, loop_count, parse_size, size_name  # noqa: E402
+from bench_collectives import free_port, parse_size, size_name  # noqa: E402
 
 DEFAULT_OUT = HERE.parent / "results"
 DEFAULT_SIZES = ["1K", "16K", "64K", "256K", "1M", "16M", "64M"]
 DTYPES = ["float32", "bfloat16"]
 DDP_LAYERS = [1024, 4096, 4096, 1024]  # 25.2M parameters
+
+
+def loop_count(nbytes: int, quick: bool) -> int:
+    """Ops per timed loop: about 8 MiB moved per loop (2 to 2000 ops), a tenth of that with ``quick``."""
+    count = min(2000, max(2, (8 << 20) // max(nbytes, 1)))
+    return max(2, count // 10) if quick else count
 
 
 # ---- rank side -----------------------------------------------------------------------------
