@@ -33,7 +33,6 @@ from tensorxfer.runtime import Communicator
 
 #: Communicator's reduction dtypes (all_gather and broadcast copy any dtype).
 REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: torch reduce ops Communicator runs, by their Communicator name.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -84,7 +83,6 @@ class HostCollectives:
         self.cross = cross  # None on one host, or for non-leaders with hosts of unequal sizes
         self.timeout_s = timeout_s
         self.world_size = sum(len(ranks) for ranks in topology.hosts)
-        self._scratch = torch.empty(0, dtype=torch.float32)  # grown on demand, reused
         hosts, local_size = topology.hosts, len(topology.local_ranks)
         self.multi_host = len(hosts) > 1
         self._sharded = self.multi_host and topology.equal_hosts
@@ -95,11 +93,6 @@ class HostCollectives:
     @property
     def _leader(self) -> bool:
         return self.topology.local_rank == 0
-
-    def _float32_scratch(self, numel: int) -> torch.Tensor:
-        if self._scratch.numel() < numel:
-            self._scratch = torch.empty(numel, dtype=torch.float32)
-        return self._scratch[:numel]
 
     def _cross(self) -> CrossHost:
         assert self.cross is not None, "only ranks of a cross-host group run the cross-host step"
@@ -131,27 +124,22 @@ class HostCollectives:
     def _all_reduce_sharded(self, flat: torch.Tensor, op: str) -> None:
         """Reduce-scatter in host, all-reduce of each shard across hosts, all-gather in host.
 
-        Half types are reduced inside the host in float32 (as Communicator does,
-        faster) and cross hosts in their own dtype (half the bytes on the wire).
+        Half types stay half: Communicator sums them in float32 and rounds once
+        per host (a float32 copy around it made 2 hosts x 2 ranks, bfloat16
+        64 MiB, 276 ms against flat gloo's 111 ms).
         """
         numel = flat.numel()
         local_size = len(self.topology.local_ranks)
         shard_elems = -(-numel // local_size)
         padded_elems = shard_elems * local_size
-        wide_dtype = torch.float32 if flat.dtype in HALF_DTYPES else flat.dtype
-        if wide_dtype == flat.dtype and padded_elems == numel:
+        if padded_elems == numel:
             staging = flat
         else:
-            staging = (self._float32_scratch(padded_elems) if wide_dtype == torch.float32 and wide_dtype != flat.dtype
-                       else torch.empty(padded_elems, dtype=flat.dtype))
+            staging = torch.empty(padded_elems, dtype=flat.dtype)
             _copy_on_this_thread(staging[:numel], flat)
             staging[numel:].zero_()
-        shard = torch.empty(shard_elems, dtype=wide_dtype)
+        shard = torch.empty(shard_elems, dtype=flat.dtype)
         self.comm.reduce_scatter(shard, staging, _in_host(op), timeout=self.timeout_s)
-        if wide_dtype != flat.dtype:
-            narrow = torch.empty(shard_elems, dtype=flat.dtype)
-            _copy_on_this_thread(narrow, shard)
-            shard = narrow
         self._cross().all_reduce(shard, _in_host(op))
         self._finish_avg(shard, op)
         gathered = flat if padded_elems == numel else torch.empty(padded_elems, dtype=flat.dtype)
