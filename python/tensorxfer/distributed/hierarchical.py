@@ -7,7 +7,9 @@ equal size the cross-host step runs among the ranks with the same local index,
 each on its own share of the data:
 
 * ``all_reduce``: reduce-scatter in the host (local rank i gets shard i),
-  all-reduce of shard i across hosts, all-gather in the host;
+  all-reduce of shard i across hosts, all-gather in the host; up to
+  :data:`REPLICATED_MAX_BYTES`, all-reduce in the host, then every local
+  index all-reduces the whole host sum across hosts (two steps, not three);
 * ``reduce_scatter``: reduce-scatter in the host (local rank i gets the blocks
   of the ranks with local index i), reduce-scatter of those across hosts;
 * ``all_gather``: all-gather across hosts of each rank's input, then in the host;
@@ -36,6 +38,9 @@ REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, to
 #: torch reduce ops Communicator runs, by their Communicator name.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
+
+#: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
+REPLICATED_MAX_BYTES = 256 << 10
 
 #: torch splits a copy over its OpenMP threads from this many elements (at::internal::GRAIN_SIZE).
 _TORCH_GRAIN = 32768
@@ -104,7 +109,9 @@ class HostCollectives:
         """In place; ``tensor`` contiguous, on the CPU, of a reducible dtype."""
         if tensor.numel() == 0:
             return
-        if self._sharded:
+        if self._sharded and tensor.numel() * tensor.element_size() <= REPLICATED_MAX_BYTES:
+            self._all_reduce_replicated(tensor, op)
+        elif self._sharded:
             self._all_reduce_sharded(tensor.view(-1), op)
         elif self.multi_host:
             self._all_reduce_through_leaders(tensor, op)
@@ -120,6 +127,17 @@ class HostCollectives:
                 tensor.div_(self.world_size)
             else:
                 tensor.copy_(torch.div(tensor, self.world_size, rounding_mode="floor"))
+
+    def _all_reduce_replicated(self, tensor: torch.Tensor, op: str) -> None:
+        """All-reduce in host, then of the whole host sum across hosts by every local index at once.
+
+        Two steps instead of three. Every rank of a host holds bitwise the same
+        host sum, and every cross-host group reduces the same host sums in the
+        same host order, so every rank still ends with the same bits.
+        """
+        self.comm.all_reduce(tensor, _in_host(op), timeout=self.timeout_s)
+        self._cross().all_reduce(tensor, _in_host(op))
+        self._finish_avg(tensor, op)
 
     def _all_reduce_sharded(self, flat: torch.Tensor, op: str) -> None:
         """Reduce-scatter in host, all-reduce of each shard across hosts, all-gather in host.
