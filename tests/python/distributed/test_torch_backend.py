@@ -152,12 +152,7 @@ def test_fsdp_on_cpu_matches_gloo(tmp_path):
 def _kill_victim_and_collect(tmp_path, extra, world=3, victim=1, pg_timeout=20.0):
     out = _out(tmp_path, "tx")
     processes = workers.start("victim", world, "tensorxfer", out, pg_timeout_s=pg_timeout, extra=extra)
-    line = processes[victim].stdout.readline()
-    assert "READY" in line, line
-    killed_at = time.monotonic()
-    processes[victim].send_signal(signal.SIGKILL)
-    outputs = workers.finish(processes, timeout_s=pg_timeout + 30)
-    elapsed = time.monotonic() - killed_at
+    outputs, elapsed = workers.kill_and_finish(processes, victim, timeout_s=pg_timeout + 30)
     for rank, (code, text) in enumerate(outputs):
         if rank != victim:
             assert code == 0, text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 
@@ -122,12 +121,7 @@ def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, tmp_path):
     with SimulatedHosts([2, 2]) as hosts:
         processes = workers.start("victim", world, "tensorxfer", out, wrappers=hosts.wrappers,
                                   pg_timeout_s=pg_timeout, extra=f"{victim},all_reduce")
-        line = processes[victim].stdout.readline()
-        assert "READY" in line, line
-        killed_at = time.monotonic()
-        processes[victim].send_signal(signal.SIGKILL)
-        outputs = workers.finish(processes, timeout_s=pg_timeout + 30)
-        elapsed = time.monotonic() - killed_at
+        outputs, elapsed = workers.kill_and_finish(processes, victim, timeout_s=pg_timeout + 30)
         deadline = time.monotonic() + 5.0  # the survivors' exits unlink what the victim left
         listings = [hosts.shm_listing(host) for host in range(2)]
         while any(listings) and time.monotonic() < deadline:

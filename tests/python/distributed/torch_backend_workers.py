@@ -89,6 +89,18 @@ def worker_env() -> Dict[str, str]:
     return env
 
 
+def kill_and_finish(processes: List[subprocess.Popen], victim: int, timeout_s: float) -> tuple:
+    """Waits for the victim's READY line, SIGKILLs it, then :func:`finish`; returns (outputs, seconds since the kill)."""
+    import signal
+
+    line = processes[victim].stdout.readline() if processes[victim].stdout else ""
+    assert "READY" in line, line
+    killed_at = time.monotonic()
+    processes[victim].send_signal(signal.SIGKILL)
+    outputs = finish(processes, timeout_s)
+    return outputs, time.monotonic() - killed_at
+
+
 def finish(processes: List[subprocess.Popen], timeout_s: float) -> List[tuple]:
     deadline = time.monotonic() + timeout_s
     outputs = []
@@ -112,6 +124,25 @@ def _ints(shape: Any, rank: int, dtype: Any, salt: int = 0) -> Any:
     numel = int(torch.Size(shape).numel()) if isinstance(shape, tuple) else int(shape)
     values = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13 + salt) % 11 - 5
     return values.to(dtype).reshape(shape)
+
+
+def _copies(rank: int, world: int, numel: int, out: Dict[str, Any]) -> None:
+    """all_gather, all_gather_into_tensor and broadcast from every root, of ``numel`` elements, 3 dtypes."""
+    import torch
+    import torch.distributed as dist
+
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        mine = _ints(numel, rank, dtype).abs()
+        parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
+        whole = torch.empty(world * numel, dtype=dtype)
+        dist.all_gather_into_tensor(whole, mine)
+        out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
+        for root in range(world):
+            t = _ints(numel, rank, dtype).abs()
+            dist.broadcast(t, root)
+            out[f"broadcast/{root}/{dtype}/{numel}"] = t
 
 
 def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
@@ -143,18 +174,7 @@ def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
     for i, t in enumerate(coalesced):
         out[f"all_reduce_coalesced/{i}"] = t
     for numel in (5, 70_000):
-        for dtype in (torch.float32, torch.bfloat16, torch.uint8):
-            mine = _ints(numel, rank, dtype).abs()
-            parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
-            dist.all_gather(parts, mine)
-            out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
-            whole = torch.empty(world * numel, dtype=dtype)
-            dist.all_gather_into_tensor(whole, mine)
-            out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
-            for root in range(world):
-                t = _ints(numel, rank, dtype).abs()
-                dist.broadcast(t, root)
-                out[f"broadcast/{root}/{dtype}/{numel}"] = t
+        _copies(rank, world, numel, out)
         for name, op in (("sum", R.SUM), ("max", R.MAX)):
             chunk = torch.empty(numel, dtype=torch.float32)
             dist.reduce_scatter(chunk, [_ints(numel, rank, torch.float32, salt=i) for i in range(world)], op=op)
@@ -371,18 +391,7 @@ def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
         dist.all_reduce_coalesced(coalesced)
     out["all_reduce_coalesced"] = torch.cat(coalesced)
     for numel in (1, 5, 70_001):
-        for dtype in (torch.float32, torch.bfloat16, torch.uint8):
-            mine = _ints(numel, rank, dtype).abs()
-            parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
-            dist.all_gather(parts, mine)
-            out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
-            whole = torch.empty(world * numel, dtype=dtype)
-            dist.all_gather_into_tensor(whole, mine)
-            out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
-            for root in range(world):
-                t = _ints(numel, rank, dtype).abs()
-                dist.broadcast(t, root)
-                out[f"broadcast/{root}/{dtype}/{numel}"] = t
+        _copies(rank, world, numel, out)
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX)):
                 chunk = torch.empty(numel, dtype=dtype)
