@@ -11,8 +11,13 @@ transport moves contiguous CPU tensors in place, reduces with ``sum``,
 mpi4py imports, and ``MPI.COMM_WORLD`` holds exactly this process group's
 ranks; ``COMM_WORLD`` is then split into the cross-host communicators. Else
 gloo, on the process group's store. ``TENSORXFER_DIST_CROSS_HOST=gloo|mpi``
-overrides the choice (``mpi`` raises where MPI cannot be used). The ranks
-agree on the choice through the store.
+overrides the choice (``mpi`` raises, on ranks of several hosts, where MPI
+cannot be used). The ranks agree on the choice through the store.
+
+A rank waiting in a gloo step also looks, every :data:`WATCH_S`, whether a rank
+published a failure (``GlooCrossHost.watch``): a peer that failed in another
+step keeps its connections open until it exits. gloo's reduce-scatter has no
+future to wait on, so that step is not watched.
 """
 
 from __future__ import annotations
