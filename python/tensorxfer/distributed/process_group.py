@@ -25,12 +25,11 @@ backend named for their device (``"cpu:tensorxfer,cuda:nccl"``), else raise.
 from __future__ import annotations
 
 import atexit
-import os
 import multiprocessing.util
 import secrets
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -40,10 +39,10 @@ from tensorxfer.distributed import BACKEND_NAME
 from tensorxfer.distributed.cross_host import CrossHost, GlooCrossHost, make_cross_host
 from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
-from tensorxfer.distributed.topology import Topology, probe
+from tensorxfer.distributed.other_devices import OtherDevices
+from tensorxfer.distributed.topology import Topology, probe, spin_us_for_machine
 from tensorxfer.distributed.work import CompletionThread, OpThread, Work
 from tensorxfer.runtime import Communicator, LocalGroup
-from tensorxfer.runtime.group import host_identity
 
 #: Groups not shut down yet. torch's registry keeps a group alive until
 #: destroy_process_group(), so a program that exits without it would leave the
@@ -64,23 +63,6 @@ def _shut_down_live_groups() -> None:
 atexit.register(_shut_down_live_groups)
 # multiprocessing children leave through os._exit, after running these finalizers.
 multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
-
-
-def _spin_us(store: Any, rank: int, world_size: int, local_size: int) -> Optional[float]:
-    """0 (sleep at once) when ranks of other hosts share this machine and all its ranks outnumber its CPUs.
-
-    Ranks on other "hosts" (no shared /dev/shm: containers, simulated hosts) may
-    still share this machine's CPUs; the Communicator's own choice counts only
-    its host's ranks, and spinning there would starve the others.
-    """
-    override = os.environ.get("TENSORXFER_DIST_SPIN_US", "").strip()  # for experiments
-    if override:
-        return float(override)
-    machine = host_identity()[1]
-    store.set(f"machine/{rank}", machine)
-    same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
-    cpus = len(os.sched_getaffinity(0))
-    return 0.0 if same_machine > max(cpus, local_size) else None
 
 
 def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
@@ -105,7 +87,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._gloo = ProcessGroupGloo(PrefixStore("gloo/", self._store), rank, world_size, timeout)
         self.topology: Topology = probe(PrefixStore("topology/", self._store), rank, world_size, self._timeout_s)
         self._group = self._join_local_group()
-        spin_us = _spin_us(self._store, rank, world_size, len(self.topology.local_ranks))
+        spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
         self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
         # Async ops (DDP's buckets) overlap with the caller's compute: their waits sleep at once, as
         # spinning there takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step:
@@ -117,7 +99,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
         self._host_async = HostCollectives(self.topology, self._comm_async, self.cross_host, self._timeout_s)
-        self._other_devices: Dict[str, Any] = {}
+        self._other_devices = OtherDevices(PrefixStore("device-", self._store), rank, world_size, timeout)
         failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
         self._failures = failures
         if isinstance(self.cross_host, GlooCrossHost):
@@ -153,31 +135,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         """None for CPU tensors; for another device, the process group named for it (else raises)."""
         if all(t.is_cpu for t in tensors):
             return None
-        types = {t.device.type for t in tensors}
-        if len(types) > 1:
-            raise ValueError(f"tensorxfer backend: {op} got tensors on several devices: {sorted(types)}")
-        device = types.pop()
-        if device not in self._other_devices:
-            self._other_devices[device] = self._make_device_group(device, op)
-        return self._other_devices[device]
-
-    def _make_device_group(self, device: str, op: str) -> Any:
-        config = str(dist.get_backend(self))
-        named = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
-        backend = named.get(device)
-        if backend is None or backend == BACKEND_NAME:
-            raise RuntimeError(
-                f"tensorxfer backend: {op} got a {device} tensor, but the tensorxfer backend handles CPU "
-                f"tensors only and no backend was named for {device} (process group backend {config!r}); "
-                f"name one, e.g. init_process_group(\"cpu:tensorxfer,{device}:nccl\")")
-        store = PrefixStore(f"device-{device}/", self._store)
-        if backend == "gloo":
-            return ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
-        if backend == "nccl" and dist.is_nccl_available():
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = self._timeout
-            return dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
-        raise RuntimeError(f"tensorxfer backend: the {backend!r} backend named for {device} tensors is not available")
+        return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
 
     def _host_for(self, opts: Any) -> HostCollectives:
         """The collectives for an op: sleeping waits for async ops, spinning ones for synchronous ops."""
