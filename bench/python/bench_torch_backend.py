@@ -11,7 +11,8 @@ Launched once, this script starts the rank processes itself (TCP store on
   step without DDP (to say how much of the gloo step is communication);
 * ``2 hosts x 2 ranks`` (root only): ranks in two simulated hosts (own IPC and
   mount namespaces, own /dev/shm), the tensorxfer group's hierarchical
-  all-reduce vs flat gloo.
+  all-reduce vs flat gloo, and the floor: its cross-host step alone
+  (``cross_step_only``: each rank's gloo all-reduce of its shard).
 
 Variants are interleaved loop by loop; a sample is the time per op of one
 loop, the slowest rank's; the table shows medians and ratios (gloo time /
@@ -35,12 +36,18 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_collectives import free_port, loop_count, parse_size, size_name  # noqa: E402
+from bench_collectives import free_port, parse_size, size_name  # noqa: E402
 
 DEFAULT_OUT = HERE.parent / "results"
 DEFAULT_SIZES = ["1K", "16K", "64K", "256K", "1M", "16M", "64M"]
 DTYPES = ["float32", "bfloat16"]
 DDP_LAYERS = [1024, 4096, 4096, 1024]  # 25.2M parameters
+
+
+def loop_count(nbytes: int, quick: bool) -> int:
+    """Ops per timed loop: about 8 MiB moved per loop (2 to 2000 ops), a tenth of that with ``quick``."""
+    count = min(2000, max(2, (8 << 20) // max(nbytes, 1)))
+    return max(2, count // 10) if quick else count
 
 
 # ---- rank side -----------------------------------------------------------------------------
@@ -82,6 +89,11 @@ def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any
                                    for name, group in groups.items()}
             if comm is not None:
                 ops["communicator"] = lambda: comm.all_reduce(tensor)
+            cross = getattr(groups["tensorxfer"], "cross_host", None)
+            if args.hosts and cross is not None:
+                # the floor: the cross-host step alone, on this rank's shard (every rank runs one)
+                shard = torch.zeros(-(-tensor.numel() // len(groups["tensorxfer"].topology.local_ranks)), dtype=dtype)
+                ops["cross_step_only"] = lambda s=shard: cross.all_reduce(s, "sum")
             base = loop_count(nbytes, args.quick)
             loops = {name: base if name != "gloo" else max(2, base // 20) for name in ops}
             samples = _timed_loops(dist, ops, loops, args.repeats)
@@ -179,6 +191,8 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
             report.add(case, variant, "time per all_reduce", [v * 1e6 for v in values], "us", lower_is_better=True)
         if hosts:
             report.compare(case, "time per all_reduce", "tensorxfer", "gloo", 1.5 if nbytes >= 1 << 20 else None)
+            if "cross_step_only" in samples:
+                report.compare(case, "time per all_reduce", "cross_step_only", "gloo", None)
             continue
         target = 20.0 if nbytes <= 1 << 20 else (3.0 if nbytes >= 64 << 20 else None)
         report.compare(case, "time per all_reduce", "tensorxfer", "gloo", target)
@@ -206,7 +220,7 @@ def launcher_main(args: argparse.Namespace) -> int:
 
     report = Report("torch.distributed all_reduce: tensorxfer backend vs gloo vs Communicator",
                     {"ranks": args.ranks, "sizes": args.sizes, "repeats": args.repeats, "quick": args.quick})
-    for world in args.ranks:
+    for world in ([] if args.only_hosts else args.ranks):
         result = run_config(args, world, None, ddp=(world == 2 and not args.no_ddp))
         add_all_reduce(report, f"{world} ranks", result["all_reduce"], with_communicator=True, hosts=False)
         if "ddp" in result:
@@ -235,6 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer ops per loop")
     parser.add_argument("--no-ddp", action="store_true")
     parser.add_argument("--no-hosts", action="store_true")
+    parser.add_argument("--only-hosts", action="store_true", help="only the simulated hosts")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)

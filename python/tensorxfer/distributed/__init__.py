@@ -133,6 +133,21 @@ def register_when_torch_distributed_is_imported() -> None:
         sys.meta_path.insert(0, _hook)
 
 
+def register_from_torch_import() -> None:
+    """The ``torch.backends`` entry point (pyproject.toml): torch calls it while ``import torch`` runs.
+
+    torch.distributed is imported by then, so this registers at once. It never
+    raises: torch would turn the error into a failed ``import torch``.
+    """
+    try:
+        register()
+    except Exception as error:  # noqa: BLE001
+        import warnings
+
+        warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
+                      RuntimeWarning, stacklevel=2)
+
+
 def __getattr__(name: str) -> Any:
     if name == "TensorxferProcessGroup":
         from tensorxfer.distributed.process_group import TensorxferProcessGroup
@@ -141,5 +156,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tensorxfer.distributed' has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAME", "TensorxferProcessGroup", "is_registered", "register",
+__all__ = ["BACKEND_NAME", "TensorxferProcessGroup", "is_registered", "register", "register_from_torch_import",
            "register_when_torch_distributed_is_imported"]

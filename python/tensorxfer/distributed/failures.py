@@ -3,7 +3,10 @@
 A rank of this host that died is seen directly (the local group's liveness).
 A rank elsewhere is named through the store: the first rank that sees a peer
 die publishes it, and ranks whose op failed for another reason (gloo's
-connection closed, a local peer that gave up) look it up for a moment.
+connection closed, a local peer that gave up) look it up for a moment. The
+store may live in a rank (``tcp://`` init: rank 0) that fails too, so a failed
+rank leaves only once every other survivor has read the name
+(:meth:`FailureReporter.wait_until_read`, bounded).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from tensorxfer.distributed.topology import Topology
 from tensorxfer.errors import PeerLostError
 
 FAILURE_KEY = "failure/dead-rank"
+#: How many ranks have read (or published) FAILURE_KEY.
+ACK_KEY = "failure/acknowledged"
 #: How long a failed rank waits for another rank to publish who died.
 LOOKUP_S = 1.0
 
@@ -27,6 +32,7 @@ class FailureReporter:
         self._topology = topology
         self._group = group
         self._release = release
+        self._named: Optional[str] = None  # the rank this rank's failure named
 
     def _dead_local_ranks(self) -> List[int]:
         try:
@@ -53,6 +59,32 @@ class FailureReporter:
         except Exception:  # noqa: BLE001
             pass
 
+    def raise_if_published(self) -> None:
+        """Raises PeerLostError when some rank published a failure (for waits that cannot see it themselves)."""
+        lost = self._published(0.0)
+        if lost is not None:
+            raise PeerLostError(f"rank {lost} failed while this rank waited for the cross-host step")
+
+    def _acknowledge(self) -> None:
+        try:
+            self._store.add(ACK_KEY, 1)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def wait_until_read(self, wait_s: float) -> None:
+        """After a failure that named a rank: waits (at most ``wait_s``) until every rank but one has read it."""
+        if self._named is None:
+            return
+        world_size = sum(len(ranks) for ranks in self._topology.hosts)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                if self._store.add(ACK_KEY, 0) >= world_size - 1:
+                    return
+            except Exception:  # noqa: BLE001 - the store is gone: nobody can read it any more
+                return
+            time.sleep(0.02)
+
     def describe(self, op: str, error: BaseException) -> BaseException:
         if isinstance(error, KeyboardInterrupt):
             return error
@@ -64,6 +96,9 @@ class FailureReporter:
                 lost = self._published(0.0) or str(dead[0])
             else:
                 lost = self._published(LOOKUP_S)
+        if lost is not None:
+            self._named = lost
+            self._acknowledge()
         self._release()  # this host's ranks blocked on us notice now
         rank = self._topology.rank
         if lost is not None:

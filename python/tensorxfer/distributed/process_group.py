@@ -5,16 +5,16 @@
 """``TensorxferProcessGroup``: the ``torch.distributed`` process group behind ``"tensorxfer"``.
 
 Accelerated over shared memory (one :class:`~tensorxfer.runtime.Communicator`
-per host; see :mod:`tensorxfer.distributed.hierarchical` across hosts):
-``all_reduce`` (sum, avg, min, max of float32/64, bfloat16, float16, int32,
-int64) and its coalesced form, ``reduce`` (the same), and on one host also
-``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
-``reduce_scatter_tensor``, ``broadcast`` and ``barrier``. Delegated to a gloo
-process group made on the same store: everything else (``product`` and other
-dtypes, ``gather``, ``scatter``, ``all_to_all``, ``all_to_all_single``,
+per host; across hosts composed with one gloo or MPI step, see
+:mod:`tensorxfer.distributed.hierarchical`): ``all_reduce`` (sum, avg, min,
+max of float32/64, bfloat16, float16, int32, int64) and its coalesced form,
+``reduce``, ``reduce_scatter`` and ``reduce_scatter_tensor`` (the same ops and
+dtypes), ``all_gather``, ``all_gather_into_tensor`` and ``broadcast`` (any
+dtype) and ``barrier``. Delegated to a gloo process group made on the same
+store: everything else (``product`` and other dtypes, ``gather``,
+``scatter``, ``all_to_all``, ``all_to_all_single``,
 ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``,
-``all_gather_coalesced``) and, across hosts, every op but ``all_reduce`` and
-``reduce``.
+``all_gather_coalesced``).
 
 Every op runs on the group's own thread, in submission order; delegated
 collectives finish there before the next op starts, point-to-point ops are
@@ -25,29 +25,31 @@ backend named for their device (``"cpu:tensorxfer,cuda:nccl"``), else raise.
 from __future__ import annotations
 
 import atexit
-import os
 import multiprocessing.util
 import secrets
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
+from tensorxfer.distributed.cross_host import CrossHost, GlooCrossHost, make_cross_host
 from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
-from tensorxfer.distributed.topology import Topology, probe
+from tensorxfer.distributed.other_devices import OtherDevices
+from tensorxfer.distributed.topology import Topology, probe, spin_us_for_machine
 from tensorxfer.distributed.work import CompletionThread, OpThread, Work
 from tensorxfer.runtime import Communicator, LocalGroup
-from tensorxfer.runtime.group import host_identity
 
 #: Groups not shut down yet. torch's registry keeps a group alive until
 #: destroy_process_group(), so a program that exits without it would leave the
 #: local group's segment in /dev/shm: these are shut down at exit instead.
 _live_groups: "weakref.WeakSet[TensorxferProcessGroup]" = weakref.WeakSet()
+#: How long a failed group's shutdown waits for the other survivors to read who died.
+FAILURE_READ_S = 5.0
 
 
 def _shut_down_live_groups() -> None:
@@ -61,23 +63,6 @@ def _shut_down_live_groups() -> None:
 atexit.register(_shut_down_live_groups)
 # multiprocessing children leave through os._exit, after running these finalizers.
 multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
-
-
-def _spin_us(store: Any, rank: int, world_size: int, local_size: int) -> Optional[float]:
-    """0 (sleep at once) when ranks of other hosts share this machine and all its ranks outnumber its CPUs.
-
-    Ranks on other "hosts" (no shared /dev/shm: containers, simulated hosts) may
-    still share this machine's CPUs; the Communicator's own choice counts only
-    its host's ranks, and spinning there would starve the others.
-    """
-    override = os.environ.get("TENSORXFER_DIST_SPIN_US", "").strip()  # for experiments
-    if override:
-        return float(override)
-    machine = host_identity()[1]
-    store.set(f"machine/{rank}", machine)
-    same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
-    cpus = len(os.sched_getaffinity(0))
-    return 0.0 if same_machine > max(cpus, local_size) else None
 
 
 def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
@@ -102,14 +87,28 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._gloo = ProcessGroupGloo(PrefixStore("gloo/", self._store), rank, world_size, timeout)
         self.topology: Topology = probe(PrefixStore("topology/", self._store), rank, world_size, self._timeout_s)
         self._group = self._join_local_group()
-        spin_us = _spin_us(self._store, rank, world_size, len(self.topology.local_ranks))
+        spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
         self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
-        self._host = HostCollectives(self.topology, self._comm, self._make_cross_group(), self._timeout_s)
-        self._other_devices: Dict[str, Any] = {}
+        # Async ops (DDP's buckets) overlap with the caller's compute: their waits sleep at once, as
+        # spinning there takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step:
+        # 1.41x gloo's speed with sleeping waits, 1.02-1.12x spinning). Synchronous ops keep spinning
+        # waits (sleeping ones made back-to-back 64 MiB all-reduces 1.4x slower). Every rank picks
+        # by the op's async_op, so the ranks of one collective use the same communicator.
+        self._comm_async = self._comm if spin_us == 0.0 else Communicator(self._group, timeout=self._timeout_s,
+                                                                         spin_us=0.0)
+        self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
+        self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
+        self._host_async = HostCollectives(self.topology, self._comm_async, self.cross_host, self._timeout_s)
+        self._other_devices = OtherDevices(PrefixStore("device-", self._store), rank, world_size, timeout)
         failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
+        self._failures = failures
+        if isinstance(self.cross_host, GlooCrossHost):
+            self.cross_host.watch = failures.raise_if_published
         self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
+        #: Ops handed to the gloo group so far (what this backend does not accelerate).
+        self.delegated_ops = 0
         _live_groups.add(self)
 
     # ---- construction ------------------------------------------------------------
@@ -123,19 +122,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return LocalGroup.join(name, rank=self.topology.local_rank,
                                world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
 
-    def _make_cross_group(self) -> Optional[Any]:
-        hosts = self.topology.hosts
-        if len(hosts) == 1:
-            return None
-        index = self.topology.local_rank
-        if not self.topology.equal_hosts and index != 0:
-            return None
-        members = [ranks[index] for ranks in hosts]
-        store = PrefixStore(f"cross/{index}/", self._store)
-        return ProcessGroupGloo(store, members.index(self.rank()), len(members), self._timeout)
-
     def _release_shared_memory(self) -> None:
-        for resource in (self._comm, self._group):
+        for resource in (self._comm, self._comm_async, self._group):
             try:
                 resource.close()
             except Exception:  # noqa: BLE001
@@ -145,36 +133,16 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _device_group(self, tensors: List[torch.Tensor], op: str) -> Optional[Any]:
         """None for CPU tensors; for another device, the process group named for it (else raises)."""
-        types = {t.device.type for t in tensors}
-        if types <= {"cpu"}:
+        if all(t.is_cpu for t in tensors):
             return None
-        if len(types) > 1:
-            raise ValueError(f"tensorxfer backend: {op} got tensors on several devices: {sorted(types)}")
-        device = types.pop()
-        if device not in self._other_devices:
-            self._other_devices[device] = self._make_device_group(device, op)
-        return self._other_devices[device]
+        return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
 
-    def _make_device_group(self, device: str, op: str) -> Any:
-        config = str(dist.get_backend(self))
-        named = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
-        backend = named.get(device)
-        if backend is None or backend == BACKEND_NAME:
-            raise RuntimeError(
-                f"tensorxfer backend: {op} got a {device} tensor, but the tensorxfer backend handles CPU "
-                f"tensors only and no backend was named for {device} (process group backend {config!r}); "
-                f"name one, e.g. init_process_group(\"cpu:tensorxfer,{device}:nccl\")")
-        store = PrefixStore(f"device-{device}/", self._store)
-        if backend == "gloo":
-            return ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
-        if backend == "nccl" and dist.is_nccl_available():
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = self._timeout
-            return dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
-        raise RuntimeError(f"tensorxfer backend: the {backend!r} backend named for {device} tensors is not available")
+    def _host_for(self, opts: Any) -> HostCollectives:
+        """The collectives for an op: sleeping waits for async ops, spinning ones for synchronous ops."""
+        return self._host_async if getattr(opts, "asyncOp", True) else self._host
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
-                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Work:
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
         """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
 
         With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
@@ -185,15 +153,21 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         other = self._device_group(tensors, op)
         if other is not None:
             return delegated(other)
+        if accelerated is None:
+            self.delegated_ops += 1
+            run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
+        else:
+            run = accelerated
+        if not getattr(opts, "asyncOp", True):
+            done = self._ops.run_now(op, outputs, run)
+            if done is not None:
+                return done
 
         def body(work: Work) -> None:
-            if accelerated is not None:
-                accelerated()
-            else:
-                delegated(self._gloo).wait()
+            run()
             work.finish()
 
-        return self._ops.submit(op, outputs, body, inline=not getattr(opts, "asyncOp", True))
+        return self._ops.submit(op, outputs, body)
 
     def _submit_p2p(self, op: str, tensors: List[torch.Tensor], start: Callable[[Any], Any]) -> Work:
         if self._closed:
@@ -234,12 +208,14 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_options(opts)
+        host = self._host_for(opts)
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
-        run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: self._host.all_reduce(t, op)))
+        run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: host.all_reduce(t, op)))
         return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        host = self._host_for(opts)
         ops = {reducible(t, opts.reduceOp) for t in tensors}
         same_dtype = len({t.dtype for t in tensors}) <= 1
         run = None
@@ -248,7 +224,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
             def run() -> None:
                 flat = torch.cat([t.reshape(-1) for t in tensors])
-                self._host.all_reduce(flat, op)
+                host.all_reduce(flat, op)
                 for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                     tensor.copy_(part.view_as(tensor))
 
@@ -256,40 +232,38 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                             lambda g: g.allreduce_coalesced(tensors, opts), opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Work:
+        host = self._host_for(opts)
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
         run = None
         if op is not None:
             def run() -> None:
                 result = tensors[0].contiguous().clone()
-                self._host.all_reduce(result, op)
+                host.all_reduce(result, op)
                 if self.rank() == opts.rootRank:
                     tensors[0].copy_(result)
 
         return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts), opts)
 
-    def _one_host(self) -> bool:
-        return not self._host.multi_host
-
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
+        host = self._host_for(opts)
         run = None
-        if self._one_host() and len(inputs) == 1:
+        if len(inputs) == 1:
             def run() -> None:
                 source = inputs[0].contiguous()
                 gathered = torch.empty((self.size(),) + tuple(source.shape), dtype=source.dtype)
-                self._comm.all_gather(gathered, source, timeout=self._timeout_s)
+                host.all_gather(gathered, source)
                 for output, part in zip(output_lists[0], gathered):
                     output.copy_(part)
 
         return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts), opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
-        run = None
-        if self._one_host():
-            def run() -> None:
-                _contiguous_run(output, lambda out: self._comm.all_gather(out, input.contiguous(),
-                                                                          timeout=self._timeout_s))
+        opts = opts if opts is not None else AllgatherOptions()
+        host = self._host_for(opts)
+
+        def run() -> None:
+            _contiguous_run(output, lambda out: host.all_gather(out, input.contiguous()))
 
         return self._submit("all_gather_into_tensor", [output], [output, input], run,
                             lambda g: g._allgather_base(output, input, opts), opts)
@@ -303,30 +277,31 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         return self._submit("all_gather_coalesced", output_lists, inputs, None,
                             lambda g: g.allgather_coalesced(output_lists, inputs, opts), opts)
 
     def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        host = self._host_for(opts)
         op = reducible(outputs[0], opts.reduceOp) if len(outputs) == 1 else None
         run = None
-        if self._one_host() and op is not None:
+        if op is not None:
             def run() -> None:
                 flat = torch.cat([part.reshape(-1) for part in input_lists[0]])
-                _contiguous_run(outputs[0], lambda out: self._comm.reduce_scatter(out, flat, op, timeout=self._timeout_s))
+                _contiguous_run(outputs[0], lambda out: host.reduce_scatter(out, flat, op))
 
         return self._submit("reduce_scatter", outputs, outputs + input_lists[0], run,
                             lambda g: g.reduce_scatter(outputs, input_lists, opts), opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        host = self._host_for(opts)
         op = reducible(output, opts.reduceOp)
         run = None
-        if self._one_host() and op is not None:
+        if op is not None:
             def run() -> None:
-                _contiguous_run(output, lambda out: self._comm.reduce_scatter(out, input.contiguous(), op,
-                                                                              timeout=self._timeout_s))
+                _contiguous_run(output, lambda out: host.reduce_scatter(out, input.contiguous(), op))
 
         return self._submit("reduce_scatter_tensor", [output], [output, input], run,
                             lambda g: g._reduce_scatter_base(output, input, opts), opts)
@@ -341,17 +316,18 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
+        host = self._host_for(opts)
         run = None
-        if self._one_host() and len(tensors) == 1:
+        if len(tensors) == 1:
             def run() -> None:
-                _contiguous_run(tensors[0], lambda t: self._comm.broadcast(t, opts.rootRank, timeout=self._timeout_s))
+                _contiguous_run(tensors[0], lambda t: host.broadcast(t, opts.rootRank))
 
         return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts), opts)
 
     def barrier(self, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BarrierOptions()
-        run = (lambda: self._comm.barrier(timeout=self._timeout_s)) if self._one_host() else None
-        return self._submit("barrier", [], [], run, lambda g: g.barrier(opts), opts)
+        host = self._host_for(opts)
+        return self._submit("barrier", [], [], host.barrier, lambda g: g.barrier(opts), opts)
 
     # ---- delegated to gloo ----------------------------------------------------------
 
@@ -393,6 +369,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         _live_groups.discard(self)
         wait_s = self._timeout_s if wait_s is None else wait_s
         stopped = self._ops.stop(wait_s) and self._p2p.stop(wait_s)
+        if self._ops.failure is not None:  # the store may live in this process: let the others read it first
+            self._failures.wait_until_read(min(wait_s, FAILURE_READ_S))
         if stopped:  # a thread still inside a native wait keeps using the memory: leave it to exit
             self._release_shared_memory()
 

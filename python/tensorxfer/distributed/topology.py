@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
+
+from tensorxfer.runtime.group import host_identity
 
 SHM_DIR = "/dev/shm"
 _TOKEN_BYTES = 16
@@ -96,3 +98,20 @@ def probe(store: Any, rank: int, world_size: int, timeout_s: float) -> Topology:
         # Every rank has published what it saw, so every read of this segment is over.
         os.unlink(path)
     return Topology(rank, group_by_visibility(views))
+
+
+def spin_us_for_machine(store: Any, rank: int, world_size: int, local_size: int) -> Optional[float]:
+    """0 (sleep at once) when ranks of other hosts share this machine and all its ranks outnumber its CPUs.
+
+    Ranks on other "hosts" (no shared /dev/shm: containers, simulated hosts) may
+    still share this machine's CPUs; the Communicator's own choice counts only
+    its host's ranks, and spinning there would starve the others.
+    """
+    override = os.environ.get("TENSORXFER_DIST_SPIN_US", "").strip()  # for experiments
+    if override:
+        return float(override)
+    machine = host_identity()[1]
+    store.set(f"machine/{rank}", machine)
+    same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
+    cpus = len(os.sched_getaffinity(0))
+    return 0.0 if same_machine > max(cpus, local_size) else None

@@ -93,6 +93,38 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
         self.wait()
 
 
+class CompletedWork(dist._Work):  # type: ignore[misc,name-defined]
+    """The work of an op that already succeeded on the calling thread (no event, no lock: cheaper)."""
+
+    def __init__(self, name: str, outputs: List[Any]) -> None:
+        super().__init__()
+        self.name = name
+        self._outputs = outputs
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
+
+    def result(self) -> List[Any]:
+        return self._outputs
+
+    def synchronize(self) -> None:
+        pass
+
+
 class OpThread:
     """Runs submitted ops one at a time, in submission order; ``on_error`` maps failures.
 
@@ -105,7 +137,8 @@ class OpThread:
     """
 
     def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException]) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._pending: "collections.deque[tuple]" = collections.deque()
         self._running = False
         self._stopping = False
@@ -114,24 +147,45 @@ class OpThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, name: str, outputs: List[Any], body: Callable[[Work], None], *, inline: bool = False) -> Work:
-        """Queues ``body(work)``; ``body`` finishes the work (or raises, which fails it).
-
-        ``inline``: the caller waits for it at once (``async_op=False``): run it
-        now on the calling thread if nothing is queued or running.
-        """
+    def submit(self, name: str, outputs: List[Any], body: Callable[[Work], None]) -> Work:
+        """Queues ``body(work)``; ``body`` finishes the work (or raises, which fails it)."""
         work = Work(name, outputs, self)
         with self._cond:
-            run_now = inline and not self._pending and not self._running and \
-                threading.current_thread() is not self._thread
-            if run_now:
-                self._running = True
-            else:
-                self._pending.append((body, work))
-                self._cond.notify()
-        if run_now:
-            self._execute(body, work)
+            self._pending.append((body, work))
+            self._cond.notify()
         return work
+
+    def run_now(self, name: str, outputs: List[Any], run: Callable[[], None]) -> Optional[dist._Work]:  # type: ignore[name-defined]
+        """Runs ``run()`` on the calling thread if nothing is queued or running; else None (queue it instead).
+
+        For a caller that waits at once (``async_op=False``): no hand-off, and on
+        success a :class:`CompletedWork`.
+        """
+        if threading.get_ident() == self._thread.ident:
+            return None
+        with self._lock:
+            if self._running or self._pending:
+                return None
+            self._running = True
+        try:
+            if self.failure is None:
+                try:
+                    run()
+                    return CompletedWork(name, outputs)
+                except BaseException as error:  # noqa: BLE001 - every failure goes to the waiter
+                    failed = Work(name, outputs)
+                    self._fail(failed, error)
+                    return failed
+            failed = Work(name, outputs)
+            failed.finish(self.failure)
+            return failed
+        finally:
+            with self._lock:
+                self._running = False
+                wake = bool(self._pending) or self._stopping
+            if wake:
+                with self._cond:
+                    self._cond.notify_all()
 
     def run_inline(self, work: Work) -> None:
         """Runs ``work`` on the calling thread if it is next and nothing runs; else does nothing."""
@@ -152,15 +206,19 @@ class OpThread:
             try:
                 body(work)
             except BaseException as error:  # noqa: BLE001 - every failure goes to the waiter
-                mapped = self._on_error(work.name, error)
-                self.failure = mapped if not isinstance(mapped, KeyboardInterrupt) else RuntimeError(
-                    f"tensorxfer backend: {work.name} was interrupted (Ctrl-C); the ranks are out of step")
-                work.finish(mapped)
+                self._fail(work, error)
         finally:
             with self._cond:
                 self._running = False
                 if self._pending or self._stopping:  # else nobody waits for this: no wake-up
                     self._cond.notify_all()
+
+    def _fail(self, work: Work, error: BaseException) -> None:
+        """Fails ``work`` with ``error`` as ``on_error`` maps it; every later op fails too."""
+        mapped = self._on_error(work.name, error)
+        self.failure = mapped if not isinstance(mapped, KeyboardInterrupt) else RuntimeError(
+            f"tensorxfer backend: {work.name} was interrupted (Ctrl-C); the ranks are out of step")
+        work.finish(mapped)
 
     def _run(self) -> None:
         while True:
@@ -198,6 +256,13 @@ class CompletionThread:
 
     def finish_when_done(self, inner: Any, work: Work) -> None:
         self._queue.put((inner, work))
+
+    def _fail(self, work: Work, error: BaseException) -> None:
+        """Fails ``work`` with ``error`` as ``on_error`` maps it; every later op fails too."""
+        mapped = self._on_error(work.name, error)
+        self.failure = mapped if not isinstance(mapped, KeyboardInterrupt) else RuntimeError(
+            f"tensorxfer backend: {work.name} was interrupted (Ctrl-C); the ranks are out of step")
+        work.finish(mapped)
 
     def _run(self) -> None:
         while True:

@@ -152,12 +152,7 @@ def test_fsdp_on_cpu_matches_gloo(tmp_path):
 def _kill_victim_and_collect(tmp_path, extra, world=3, victim=1, pg_timeout=20.0):
     out = _out(tmp_path, "tx")
     processes = workers.start("victim", world, "tensorxfer", out, pg_timeout_s=pg_timeout, extra=extra)
-    line = processes[victim].stdout.readline()
-    assert "READY" in line, line
-    killed_at = time.monotonic()
-    processes[victim].send_signal(signal.SIGKILL)
-    outputs = workers.finish(processes, timeout_s=pg_timeout + 30)
-    elapsed = time.monotonic() - killed_at
+    outputs, elapsed = workers.kill_and_finish(processes, victim, timeout_s=pg_timeout + 30)
     for rank, (code, text) in enumerate(outputs):
         if rank != victim:
             assert code == 0, text
@@ -212,3 +207,37 @@ def test_info_says_the_backend_is_registered():
 
     backend = json.loads(done.stdout)["torch_distributed_backend"]
     assert backend["name"] == "tensorxfer" and backend["registered"] is True, backend
+
+
+def test_import_torch_alone_registers_through_the_entry_point(tmp_path):
+    """pyproject.toml declares a torch.backends entry point; torch loads that group while it is imported.
+
+    The child sees the entry point through a dist-info directory on its path (the checkout is not
+    installed in the test), written from pyproject.toml's own declaration."""
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as file:
+        declared = tomllib.load(file)["project"]["entry-points"]["torch.backends"]
+    assert declared == {"tensorxfer": "tensorxfer.distributed:register_from_torch_import"}, declared
+    info = tmp_path / "tensorxfer_entry_point_probe-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorxfer-entry-point-probe\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[torch.backends]\n" + "".join(f"{name} = {target}\n" for name, target in declared.items()))
+    code = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+import torch
+assert "tensorxfer" in sys.modules, "import torch did not load the entry point"
+import tensorxfer.distributed as d, torch.distributed as dist
+assert d.is_registered() and "tensorxfer" in dist.Backend.backend_list
+dist.init_process_group("tensorxfer", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+t = torch.arange(3.0)
+dist.all_reduce(t)
+dist.destroy_process_group()
+print("ok", t.tolist())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1"))
+    assert done.returncode == 0 and "ok [0.0, 1.0, 2.0]" in done.stdout, done.stdout + done.stderr

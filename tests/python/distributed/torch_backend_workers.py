@@ -2,75 +2,22 @@
 
 ``python torch_backend_workers.py SCENARIO RANK WORLD BACKEND INIT_METHOD OUT_DIR TIMEOUT_S``
 initializes torch.distributed with BACKEND, runs SCENARIO and saves what it
-returns to OUT_DIR/RANK.pt (torch.save). :func:`launch` starts them.
+returns to OUT_DIR/RANK.pt (torch.save). torch_backend_launch starts them (:func:`launch`;
+:func:`mpirun_command` under ``mpirun``, RANK ``mpi``: the MPI rank).
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def launch(scenario: str, world: int, backend: str, out_dir: str, *, timeout_s: float = 60.0,
-           wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
-           extra: str = "") -> List[Any]:
-    """Runs ``scenario`` on ``world`` ranks; returns each rank's result (raises with their output on failure).
-
-    ``wrappers[r]`` prefixes rank r's command (e.g. an ``unshare`` that gives it its own /dev/shm).
-    """
-    import torch
-
-    processes = start(scenario, world, backend, out_dir, wrappers=wrappers, pg_timeout_s=pg_timeout_s, extra=extra)
-    outputs = finish(processes, timeout_s)
-    failed = [rank for rank, (code, _) in enumerate(outputs) if code != 0]
-    if failed:
-        text = "\n".join(f"--- rank {r} exit {code}\n{out}" for r, (code, out) in enumerate(outputs))
-        raise AssertionError(f"{scenario} with {backend}: ranks {failed} failed\n{text}")
-    return [torch.load(os.path.join(out_dir, f"{rank}.pt")) for rank in range(world)]
-
-
-def start(scenario: str, world: int, backend: str, out_dir: str, *,
-          wrappers: Optional[Sequence[Sequence[str]]] = None, pg_timeout_s: float = 30.0,
-          extra: str = "") -> List[subprocess.Popen]:
-    init = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), *sys.path) if p)
-    processes = []
-    for rank in range(world):
-        prefix = list(wrappers[rank]) if wrappers else []
-        command = prefix + [sys.executable, os.path.join(HERE, "torch_backend_workers.py"), scenario, str(rank),
-                            str(world), backend, init, out_dir, str(pg_timeout_s), extra]
-        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
-    return processes
-
-
-def finish(processes: List[subprocess.Popen], timeout_s: float) -> List[tuple]:
-    deadline = time.monotonic() + timeout_s
-    outputs = []
-    for process in processes:
-        try:
-            out, _ = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, _ = process.communicate()
-            out += "\n[killed by the test: timeout]"
-        outputs.append((process.returncode, out))
-    return outputs
+# The tests reach the launcher through this module (``workers.launch`` etc.).
+from torch_backend_launch import (MPIRUN, finish, free_port, kill_and_finish, launch,  # noqa: F401
+                                  mpirun_command, start, worker_env)
 
 
 # ---- scenarios -------------------------------------------------------------------------
@@ -82,6 +29,25 @@ def _ints(shape: Any, rank: int, dtype: Any, salt: int = 0) -> Any:
     numel = int(torch.Size(shape).numel()) if isinstance(shape, tuple) else int(shape)
     values = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13 + salt) % 11 - 5
     return values.to(dtype).reshape(shape)
+
+
+def _copies(rank: int, world: int, numel: int, out: Dict[str, Any]) -> None:
+    """all_gather, all_gather_into_tensor and broadcast from every root, of ``numel`` elements, 3 dtypes."""
+    import torch
+    import torch.distributed as dist
+
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        mine = _ints(numel, rank, dtype).abs()
+        parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
+        whole = torch.empty(world * numel, dtype=dtype)
+        dist.all_gather_into_tensor(whole, mine)
+        out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
+        for root in range(world):
+            t = _ints(numel, rank, dtype).abs()
+            dist.broadcast(t, root)
+            out[f"broadcast/{root}/{dtype}/{numel}"] = t
 
 
 def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
@@ -113,18 +79,7 @@ def scenario_ops(rank: int, world: int, extra: str) -> Dict[str, Any]:
     for i, t in enumerate(coalesced):
         out[f"all_reduce_coalesced/{i}"] = t
     for numel in (5, 70_000):
-        for dtype in (torch.float32, torch.bfloat16, torch.uint8):
-            mine = _ints(numel, rank, dtype).abs()
-            parts = [torch.empty(numel, dtype=dtype) for _ in range(world)]
-            dist.all_gather(parts, mine)
-            out[f"all_gather/{dtype}/{numel}"] = torch.stack(parts)
-            whole = torch.empty(world * numel, dtype=dtype)
-            dist.all_gather_into_tensor(whole, mine)
-            out[f"all_gather_into_tensor/{dtype}/{numel}"] = whole
-            for root in range(world):
-                t = _ints(numel, rank, dtype).abs()
-                dist.broadcast(t, root)
-                out[f"broadcast/{root}/{dtype}/{numel}"] = t
+        _copies(rank, world, numel, out)
         for name, op in (("sum", R.SUM), ("max", R.MAX)):
             chunk = torch.empty(numel, dtype=torch.float32)
             dist.reduce_scatter(chunk, [_ints(numel, rank, torch.float32, salt=i) for i in range(world)], op=op)
@@ -314,7 +269,7 @@ def scenario_interrupt(rank: int, world: int, extra: str) -> Dict[str, Any]:
 
 
 def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
-    """all_reduce and reduce (hierarchical across simulated hosts) on exact inputs, plus random sums."""
+    """Every accelerated op (hierarchical across simulated hosts) on exact inputs, plus random sums."""
     import torch
     import torch.distributed as dist
 
@@ -330,24 +285,41 @@ def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
                 dist.all_reduce(t, op=op)
                 out[f"all_reduce/{name}/{dtype}/{numel}"] = t
     for root in range(world):
-        t = _ints(999, rank, torch.float32)
-        dist.reduce(t, root)
-        if rank == root:
-            out[f"reduce/{root}"] = t
+        for name, op in (("sum", R.SUM), ("max", R.MAX)):
+            t = _ints(999, rank, torch.float32)
+            dist.reduce(t, root, op=op)
+            if rank == root:
+                out[f"reduce/{name}/{root}"] = t
     coalesced = [_ints(n, rank, torch.float32, salt=n) for n in (3, 1000, 17)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist.all_reduce_coalesced(coalesced)
     out["all_reduce_coalesced"] = torch.cat(coalesced)
-    t = _ints(64, rank, torch.float32)
-    dist.broadcast(t, world - 1)
-    out["broadcast"] = t
-    dist.barrier()
+    for numel in (1, 5, 70_001):
+        _copies(rank, world, numel, out)
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for name, op in (("sum", R.SUM), ("min", R.MIN), ("max", R.MAX)):
+                chunk = torch.empty(numel, dtype=dtype)
+                dist.reduce_scatter(chunk, [_ints(numel, rank, dtype, salt=i) for i in range(world)], op=op)
+                out[f"reduce_scatter/{name}/{dtype}/{numel}"] = chunk
+                chunk = torch.empty(numel, dtype=dtype)
+                dist.reduce_scatter_tensor(chunk, _ints(world * numel, rank, dtype), op=op)
+                out[f"reduce_scatter_tensor/{name}/{dtype}/{numel}"] = chunk
+    grid = _ints((4, 6), rank, torch.float32)
+    dist.broadcast(grid, 0)
+    out["broadcast/2d"] = grid
+    for _ in range(3):
+        dist.barrier()
     generator = torch.Generator().manual_seed(rank)
     for numel in (1001, 300_000):
         t = torch.randn(numel, generator=generator)
         dist.all_reduce(t)
         out[f"random/{numel}"] = t
+    cross = getattr(group, "cross_host", None)
+    if cross is not None:
+        out["cross_host"] = (cross.transport, cross.calls)
+    if hasattr(group, "delegated_ops"):
+        out["delegated_ops"] = group.delegated_ops
     return out
 
 
@@ -377,7 +349,8 @@ def main(argv: List[str]) -> int:
 
     import tensorxfer  # noqa: F401 - registers the backend
 
-    rank_i, world_i = int(rank), int(world)
+    rank_i = int(os.environ["OMPI_COMM_WORLD_RANK"]) if rank == "mpi" else int(rank)
+    world_i = int(world)
     dist.init_process_group(backend, init_method=init, rank=rank_i, world_size=world_i,
                             timeout=timedelta(seconds=float(pg_timeout)))
     result = SCENARIOS[scenario](rank_i, world_i, extra)
@@ -387,6 +360,9 @@ def main(argv: List[str]) -> int:
     dist.destroy_process_group()
     # Leave without interpreter teardown: gloo's threads sometimes abort it
     # ("terminate called without an active exception"), with gloo as with us.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()  # mpirun fails a job whose ranks exit without it
     sys.stdout.flush()
     os._exit(0)
 
