@@ -232,9 +232,16 @@ void bind_collectives(py::module_& module) {
       .def_property_readonly("world_size", [](PyCommunicator& self) { return self.native().world_size(); })
       .def_property_readonly("max_bytes", [](PyCommunicator& self) { return self.native().max_bytes(); })
       .def_property_readonly("buffer_nbytes", [](PyCommunicator& self) { return self.native().buffer_nbytes(); })
-      .def_property_readonly("spin_us", [](PyCommunicator& self) {
-        return std::chrono::duration<double, std::micro>(self.native().spin_budget()).count();
-      })
+      .def_property(
+          "spin_us",
+          [](PyCommunicator& self) {
+            return std::chrono::duration<double, std::micro>(self.native().spin_budget()).count();
+          },
+          [](PyCommunicator& self, std::optional<double> spin_us) {
+            self.native().set_spin_budget(spin_us ? std::chrono::nanoseconds(static_cast<int64_t>(*spin_us * 1000.0))
+                                                  : std::chrono::nanoseconds(-1));
+          },
+          "The spin budget waits use now (us); set None for the standard policy, or a fixed budget.")
       .def_property_readonly("broken", [](PyCommunicator& self) { return self.native().is_broken(); })
       .def_property_readonly("closed", [](PyCommunicator& self) { return self.native().is_closed(); })
       .def("close", [](PyCommunicator& self) {

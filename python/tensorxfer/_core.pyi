@@ -484,6 +484,11 @@ class Communicator:
         ...
     @property
     def spin_us(self) -> float:
+        """
+        The spin budget waits use now (us); set None for the standard policy, or a fixed budget.
+        """
+    @spin_us.setter
+    def spin_us(self, arg1: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
         ...
     @property
     def world_size(self) -> int:

@@ -54,6 +54,12 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return text.str();
 }
 
+// spin_budget < 0: the standard policy for `world_size` waiters; else a fixed budget.
+sync::SpinPolicy spin_policy(std::chrono::nanoseconds spin_budget, int world_size) {
+  if (spin_budget.count() < 0) return sync::SpinPolicy::standard(world_size);
+  return sync::SpinPolicy::fixed(std::chrono::duration_cast<std::chrono::microseconds>(spin_budget));
+}
+
 }  // namespace
 
 Algorithm parse_algorithm(const std::string& name) {
@@ -126,15 +132,17 @@ Communicator::Communicator(IpcMemory memory, std::size_t max_bytes, std::size_t 
       owner_pid_(::getpid()),
       buffer_nbytes_(buffer_bytes),
       peer_check_(std::move(peer_check)),
-      barrier_(memory_, spin_budget.count() < 0
-                            ? sync::SpinPolicy::standard(memory_.num_workers)
-                            : sync::SpinPolicy::fixed(std::chrono::duration_cast<std::chrono::microseconds>(spin_budget))) {
+      barrier_(memory_, spin_policy(spin_budget, memory_.num_workers)) {
   TENSORXFER_CHECK(Unsupported, memory_.device() == MemoryDevice::kHost,
                    "Communicator: collectives on CUDA IpcMemory need device kernels, which this build does not have");
   TENSORXFER_CHECK(InvalidArgument, memory_.is_mapped(), "Communicator: the IpcMemory must be mapped (map_peers)");
   TENSORXFER_CHECK_LE(InvalidArgument, "Communicator: IpcMemory too small", required_data_nbytes(max_bytes, buffer_bytes, memory_.num_workers),
                       memory_.data_nbytes());
   sources_.resize(static_cast<std::size_t>(memory_.num_workers));
+}
+
+void Communicator::set_spin_budget(std::chrono::nanoseconds spin_budget) {
+  barrier_.set_spin_policy(spin_policy(spin_budget, world_size()));
 }
 
 std::byte* Communicator::window(int rank, uint64_t sequence) const noexcept {

@@ -87,18 +87,17 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._gloo = ProcessGroupGloo(PrefixStore("gloo/", self._store), rank, world_size, timeout)
         self.topology: Topology = probe(PrefixStore("topology/", self._store), rank, world_size, self._timeout_s)
         self._group = self._join_local_group()
-        spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
-        self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=spin_us)
+        self._spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
+        self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=self._spin_us)
         # Async ops (DDP's buckets) overlap with the caller's compute: their waits sleep at once, as
         # spinning there takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step:
         # 1.41x gloo's speed with sleeping waits, 1.02-1.12x spinning). Synchronous ops keep spinning
-        # waits (sleeping ones made back-to-back 64 MiB all-reduces 1.4x slower). Every rank picks
-        # by the op's async_op, so the ranks of one collective use the same communicator.
-        self._comm_async = self._comm if spin_us == 0.0 else Communicator(self._group, timeout=self._timeout_s,
-                                                                         spin_us=0.0)
+        # waits (sleeping ones made back-to-back 64 MiB all-reduces 1.4x slower). One communicator
+        # whose waits are set per op (a rank-local choice), so ranks that disagree on async_op for
+        # the same collective still meet.
+        self._waits_sleep = self._spin_us == 0.0
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
-        self._host_async = HostCollectives(self.topology, self._comm_async, self.cross_host, self._timeout_s)
         self._other_devices = OtherDevices(PrefixStore("device-", self._store), rank, world_size, timeout)
         failures = FailureReporter(self._store, self.topology, self._group, self._release_shared_memory)
         self._failures = failures
@@ -123,7 +122,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                                world_size=len(self.topology.local_ranks), timeout=self._timeout_s)
 
     def _release_shared_memory(self) -> None:
-        for resource in (self._comm, self._comm_async, self._group):
+        for resource in (self._comm, self._group):
             try:
                 resource.close()
             except Exception:  # noqa: BLE001
@@ -138,8 +137,19 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
 
     def _host_for(self, opts: Any) -> HostCollectives:
-        """The collectives for an op: sleeping waits for async ops, spinning ones for synchronous ops."""
-        return self._host_async if getattr(opts, "asyncOp", True) else self._host
+        """The collectives for an op (their waits are set when the op runs, see :meth:`_with_waits`)."""
+        return self._host
+
+    def _with_waits(self, run: Callable[[], None], sleep: bool) -> Callable[[], None]:
+        """``run`` with the communicator's waits set for it when it starts: sleeping for async ops,
+        the machine's spin budget for synchronous ones (ops run one at a time, in order)."""
+        def with_waits() -> None:
+            if sleep != self._waits_sleep:
+                self._comm.spin_us = 0.0 if sleep else self._spin_us
+                self._waits_sleep = sleep
+            run()
+
+        return with_waits
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
                 accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
@@ -157,7 +167,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             self.delegated_ops += 1
             run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
         else:
-            run = accelerated
+            run = self._with_waits(accelerated, sleep=getattr(opts, "asyncOp", True))
         if not getattr(opts, "asyncOp", True):
             done = self._ops.run_now(op, outputs, run)
             if done is not None:

@@ -58,6 +58,14 @@ def default_max_bytes(world_size: int) -> int:
     return DEFAULT_MAX_BYTES
 
 
+def _checked_spin(spin_us: Any) -> Optional[float]:
+    if spin_us is None:
+        return None
+    if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or not (0 <= float(spin_us) <= 1e6):
+        raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
+    return float(spin_us)
+
+
 def _checked_size(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"Communicator: {name} must be an int >= 0, got {value!r}")
@@ -99,8 +107,7 @@ class Communicator:
         def region_nbytes() -> int:  # checked inside the exchange: a bad argument fails every rank
             chunk = default_max_bytes(world) if max_bytes is None else _checked_size(max_bytes, "max_bytes")
             buffer = chunk if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
-            if spin_us is not None and not (0 <= float(spin_us) <= 1e6):
-                raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
+            _checked_spin(spin_us)
             sizes.update(max_bytes=chunk, buffer_bytes=buffer)
             return int(_core.communicator_required_nbytes(chunk, buffer, world))
 
@@ -128,6 +135,19 @@ class Communicator:
     def max_bytes(self) -> int:
         """Bytes per chunk (rounded up to 4 KiB)."""
         return int(self._native.max_bytes)
+
+    @property
+    def spin_us(self) -> float:
+        """How long waits spin before they sleep, in microseconds, as used now.
+
+        Set it to a number (a fixed budget) or ``None`` (the standard policy of
+        every tensorxfer wait) between calls; every rank may choose its own.
+        """
+        return float(self._native.spin_us)
+
+    @spin_us.setter
+    def spin_us(self, spin_us: Optional[float]) -> None:
+        self._native.spin_us = _checked_spin(spin_us)
 
     @property
     def ipc_memory(self) -> IpcMemory:

@@ -112,6 +112,20 @@ def test_every_op_matches_gloo_more_ranks(world, tmp_path):
     _ops_match_gloo(world, tmp_path)
 
 
+def test_ranks_may_disagree_on_async_op(tmp_path):
+    # torch lets each rank choose async_op; gloo meets either way, and so must we (a
+    # communicator per waiting style made the ranks wait on different ones until the timeout).
+    world = 2
+    results = workers.launch("mixed_async", world, "tensorxfer", _out(tmp_path, "tx"), timeout_s=60,
+                             pg_timeout_s=20.0)
+    for rank in range(world):
+        for step, numel in enumerate((1000, 300_000, 1000)):
+            expected = sum(workers._ints(numel, r, torch.float32, salt=step) for r in range(world))
+            assert torch.equal(results[rank][f"all_reduce/{step}"], expected), (rank, step)
+        expected = torch.cat([workers._ints(10, r, torch.float32) for r in range(world)])
+        assert torch.equal(results[rank]["all_gather_into_tensor"], expected), rank
+
+
 def test_avg_is_sum_over_world_size(tmp_path):
     sums = workers.launch("avg", 2, "gloo", _out(tmp_path, "gloo"), extra="sum")
     avgs = workers.launch("avg", 2, "tensorxfer", _out(tmp_path, "tx"), extra="avg")

@@ -333,7 +333,29 @@ def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return {"sum": t}
 
 
+def scenario_mixed_async(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """The same collectives with async_op=True on even ranks and False on odd ones (torch allows it)."""
+    import torch
+    import torch.distributed as dist
+
+    out: Dict[str, Any] = {}
+    asynchronous = rank % 2 == 0
+    for step, numel in enumerate((1000, 300_000, 1000)):
+        t = _ints(numel, rank, torch.float32, salt=step)
+        work = dist.all_reduce(t, async_op=asynchronous)
+        if work is not None:
+            work.wait()
+        out[f"all_reduce/{step}"] = t
+    gathered = torch.empty(world * 10)
+    work = dist.all_gather_into_tensor(gathered, _ints(10, rank, torch.float32), async_op=asynchronous)
+    if work is not None:
+        work.wait()
+    out["all_gather_into_tensor"] = gathered
+    return out
+
+
 SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
+    "mixed_async": scenario_mixed_async,
     "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
     "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
     "interrupt": scenario_interrupt, "hosts": scenario_hosts, "no_destroy": scenario_no_destroy,

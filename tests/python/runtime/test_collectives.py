@@ -246,3 +246,27 @@ def test_communicator_on_a_joined_local_group(tmp_path):
     errors = [value for value in results.values() if isinstance(value, tuple)]
     assert not errors, errors
     assert len(set(results.values())) == 1
+
+
+def test_spin_budget_is_the_standard_policy_and_settable_between_calls():
+    from tensorxfer.runtime import LocalGroup
+
+    group = LocalGroup.join(f"spin-{os.getpid()}", rank=0, world_size=1, timeout=10)
+    comm = Communicator(group)
+    try:
+        # The standard policy for one rank: milliseconds of spinning (a rank fits any CPU count).
+        assert comm.spin_us == 2000.0
+        comm.spin_us = 0
+        assert comm.spin_us == 0.0
+        comm.all_reduce(np.ones(4, np.float32))
+        comm.spin_us = 150.0
+        assert comm.spin_us == 150.0
+        comm.spin_us = None
+        assert comm.spin_us == 2000.0
+        for bad in (-1, 2e6, True, "1", float("nan")):
+            with pytest.raises(ValueError, match="spin_us"):
+                comm.spin_us = bad
+        assert comm.spin_us == 2000.0
+    finally:
+        comm.close()
+        group.close()

@@ -112,6 +112,9 @@ class Communicator {
   IpcMemory& memory() noexcept { return memory_; }
   const IpcMemory& memory() const noexcept { return memory_; }
   std::chrono::nanoseconds spin_budget() const noexcept { return barrier_.spin_budget(); }
+  // How later waits spend their time (< 0: the standard policy, as at
+  // construction). Thread-safe; a running operation may see either setting.
+  void set_spin_budget(std::chrono::nanoseconds spin_budget);
   // Operations completed (tests: monotonic, equal on every rank).
   uint64_t barrier_sequence() const noexcept { return sequence_; }
   bool is_broken() const noexcept { return !broken_reason_.empty(); }

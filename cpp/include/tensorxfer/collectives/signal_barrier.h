@@ -50,6 +50,8 @@ class SignalBarrier {
   const OpDescriptor& descriptor_of(int rank, uint64_t sequence) const noexcept;
 
   std::chrono::nanoseconds spin_budget() const noexcept;
+  // Thread-safe (SpinPolicy's assignment): later waits use `spin`.
+  void set_spin_policy(const sync::SpinPolicy& spin) noexcept { spin_ = spin; }
 
  private:
   FlagLine* own_lines(BarrierLines lines) const noexcept;
