@@ -216,8 +216,8 @@ void bind_resharding(py::module_& module) {
         const auto endpoints = endpoints_from(tasks, "tasks");
         PipelinePlan plan;
         py::gil_scoped_release release;
-        const resharding::Schedule schedule = resharding::build_schedule(
-            endpoints, endpoints, world_size, resharding::BatchLimits{slot_nbytes, max_tasks_per_batch});
+        const resharding::Schedule schedule = resharding::schedule_matched_tasks(
+            endpoints, world_size, resharding::BatchLimits{slot_nbytes, max_tasks_per_batch});
         plan.iterations.resize(schedule.num_iterations);
         for (const auto& batch : schedule.batches) {
           if (batch.src_rank == my_pe) plan.iterations[batch.iteration].send = batch;
@@ -228,7 +228,8 @@ void bind_resharding(py::module_& module) {
       },
       py::arg("tasks"), py::arg("world_size"), py::arg("slot_nbytes"), py::arg("max_tasks_per_batch"),
       py::arg("my_pe"),
-      "Rank my_pe's plan from matched (task_id, nbytes, src_rank, dest_rank) rows (every rank gets the same schedule).");
+      "Rank my_pe's plan from already matched (task_id, nbytes, src_rank, dest_rank) rows, task ids strictly "
+      "increasing (they are not matched again; every rank gets the same schedule).");
 
   py::class_<PyPipelineExecutor>(module, "PipelineExecutor",
                                  "Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).")
