@@ -1,9 +1,9 @@
 """The submit queue of the batched copy services (mpi, shm, torch), in one process.
 
-A submit keeps the ops as plain columns until someone reads ``send_ops`` /
-``recv_ops``; these tests pin what the user sees either way: the documented
-SendOp / RecvOp lists, the same checks and messages as before, and what
-``run()`` is handed.
+A submit keeps the ops as plain columns, the queue's only store; these tests
+pin what the user sees: the documented SendOp / RecvOp lists (``send_ops`` /
+``recv_ops``, a view of the columns), the same checks and messages as before,
+and what ``run()`` is handed.
 """
 
 from __future__ import annotations
@@ -15,21 +15,44 @@ import pytest
 
 from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import RecvOp, SendOp, _tensors
-from tensorxfer.resharding.copy_services._queue import QueuedCopyService
+from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
+from tensorxfer.resharding.copy_services.base import CopyService
 
 
-class Recorder(QueuedCopyService):
-    """A QueuedCopyService over 4 ranks whose run() returns the columns it took."""
+class Recorder(CopyService):
+    """A copy service over 4 ranks holding a SubmitQueue, whose run() returns the columns it took."""
 
     backend_name = "Recorder"
+    send_ops = QueueAttribute("send_ops")
+    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self) -> None:
         super().__init__()
         self.world_size = 4
+        self._queue = SubmitQueue(self.backend_name, self.world_size)
+        bind_submits(self, self._queue)
+
+    @property
+    def host_only(self) -> bool:
+        return self._queue.host_only
+
+    @host_only.setter
+    def host_only(self, value: bool) -> None:
+        self._queue.host_only = value
+
+    def submit_send(self, src_tensor, dest_rank, task_id=None):  # type: ignore[override]
+        self._queue.submit_send(src_tensor, dest_rank, task_id)
+
+    def submit_recv(self, dest_tensor, src_rank, task_id=None):  # type: ignore[override]
+        self._queue.submit_recv(dest_tensor, src_rank, task_id)
 
     def run(self):  # type: ignore[override]
         self._check_open("run")
-        return self._take_columns()
+        return self._queue.take()
+
+    def close(self) -> None:
+        self._queue.close()
+        self._closed = True
 
 
 class Tagged(np.ndarray):
@@ -85,7 +108,7 @@ def test_send_ops_and_recv_ops_are_the_documented_lists():
     assert queue.run()[0] == ([5, 6], [a, b], [2, 1])
 
 
-@pytest.mark.parametrize("inspected", [False, True], ids=["columns", "after-reading-send_ops"])
+@pytest.mark.parametrize("inspected", [False, True], ids=["not-read", "after-reading-send_ops"])
 def test_bad_arguments_raise_the_same_errors_and_queue_nothing(inspected):
     queue = Recorder()
     if inspected:
@@ -203,7 +226,7 @@ def test_repr_counts_the_queue_without_turning_it_into_dataclasses():
         allocated = gc.get_count()[0] - before
     finally:
         gc.enable()
-    assert allocated < 50  # still columns: no SendOp per submit
+    assert allocated < 50  # columns: no SendOp per submit
     assert len(queue.send_ops) == 201 and repr(queue) == "Recorder(rank=0, world_size=4, 201 sends, 2 recvs queued)"
     queue.close()
     assert repr(queue) == "Recorder(rank=0, world_size=4, closed)"
