@@ -128,7 +128,10 @@ void PipelineExecutor::copy_segments(const ScheduledBatch& batch, std::byte* slo
 void PipelineExecutor::launch_pack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
   check_open("launch_pack");
   check_batch(batch, sends, "send");
-  std::byte* slot = buffers_.send_slot(slot_of(iteration));
+  pack_into(buffers_.send_slot(slot_of(iteration)), batch, sends);
+}
+
+void PipelineExecutor::pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
   pack_stream_.enqueue([this, batch, slot, &sends] { copy_segments(batch, slot, sends, /*into_slot=*/true); });
 }
 
@@ -158,15 +161,11 @@ void PipelineExecutor::execute_pipeline(const std::vector<IterationSchedule>& sc
   check_plan(schedules, sends, receives);
   const auto count = static_cast<uint32_t>(schedules.size());
   try {
-    if (count > 0 && schedules[0].send) launch_pack(0, *schedules[0].send, sends);
-    synchronize_streams();
     for (uint32_t i = 0; i < count; ++i) {
-      if (i + 1 < count && schedules[i + 1].send) launch_pack(i + 1, *schedules[i + 1].send, sends);
-      if (i >= 1 && schedules[i - 1].receive) launch_unpack(i - 1, *schedules[i - 1].receive, receives);
       if (const auto& batch = schedules[i].send) {
-        engine_.copy(buffers_.peer_receive_slot(batch->dest_rank, slot_of(i)), buffers_.send_slot(slot_of(i)),
-                     batch->total_nbytes);
+        pack_into(buffers_.peer_receive_slot(batch->dest_rank, slot_of(i)), *batch, sends);
       }
+      if (i >= 1 && schedules[i - 1].receive) launch_unpack(i - 1, *schedules[i - 1].receive, receives);
       synchronize_streams();
       buffers_.barrier();
     }

@@ -2,21 +2,20 @@
 // double-buffered slots, the host counterpart of the NVSHMEM pipeline.
 //
 // For each iteration i, on every rank:
-//   1. pack iteration i+1 into send slot (i+1)%2          (async, pack stream)
-//   2. unpack iteration i-1 from receive slot (i-1)%2     (async, unpack stream)
-//   3. send iteration i: copy send slot i%2 into the destination's receive slot i%2
-//   4. wait for 1 and 2
-//   5. barrier
+//   1. pack iteration i straight into the destination's receive slot i%2  (async, pack stream)
+//   2. unpack iteration i-1 from this rank's receive slot (i-1)%2          (async, unpack stream)
+//   3. wait for 1 and 2
+//   4. barrier
 // After the last iteration its batch is unpacked and a final barrier ends the
-// run. Why no slot is overwritten early: receive slot (i+1)%2 is written by
-// peers in step 3 of iteration i+1, after they left the barrier of iteration
-// i, which every rank entered only after finishing the unpack of iteration
-// i-1 from that same slot (step 4). (Waiting after the barrier instead, as
-// the upstream stage list reads, lets a fast peer overwrite the slot while it
-// is still being unpacked: the threaded test catches that.) Send slot (i+1)%2
-// was last read in step 3 of iteration i-1, before step 1 of iteration i. The
-// final barrier keeps the next run from writing a receive slot that is still
-// being unpacked.
+// run. Each byte is copied twice (into the peer's slot, out of this rank's),
+// not three times as through a send slot first. Why no slot is overwritten
+// early: receive slot i%2 is written by a peer in step 1 of iteration i, after
+// it left the barrier of iteration i-1, which every rank entered only after
+// finishing the unpack of iteration i-2 from that same slot (step 3). (Waiting
+// after the barrier instead lets a fast peer overwrite the slot while it is
+// still being unpacked: the threaded test catches that.) The final barrier
+// keeps the next run from writing a receive slot that is still being unpacked.
+// The send slots serve launch_pack, the stage step of the Python executor.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +90,8 @@ class PipelineExecutor {
   void check_open(const char* operation) const;
   void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
+  // Enqueues packing `batch` (checked) into `slot` on the pack stream.
+  void pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends);
 
   copy::CopyEngine& engine_;
   DoubleBuffers& buffers_;
