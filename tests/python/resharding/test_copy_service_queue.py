@@ -199,9 +199,11 @@ def test_torch_tensors_are_described_as_the_native_describe_spans_does(monkeypat
                torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.complex64), torch.zeros(2, device="meta")]
     _tensors.normalize_fast(tensors[0], "src_tensor", False, True, "B")  # the queue has met torch
     rows = _core.describe_spans(tensors)
-    with monkeypatch.context() as patch:  # plain torch tensors only: described without the native call
-        patch.setattr(_tensors, "_core", None)
+    calls = []
+    with monkeypatch.context() as patch:  # plain torch tensors only: described by their own methods
+        patch.setattr(_core, "describe_spans", lambda objects: calls.append(objects))
         spans = _tensors.describe_many(tensors)
+    assert calls == []
     assert spans.address.tolist() == rows[:, 0].tolist()
     assert spans.nbytes.tolist() == rows[:, 1].astype(np.int64).tolist() == [4096, 24, 256, 32, 0, 24, 8]
     assert spans.contiguous.tolist() == ((rows[:, 2] & 1) != 0).tolist() == [True, True, False, False, True, True, True]
