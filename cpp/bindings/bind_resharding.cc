@@ -128,10 +128,10 @@ class PyPipelineExecutor {
     receives_ = std::move(receives);
   }
 
-  void execute(const PipelinePlan& plan, const PyTimeout& timeout) {
+  void execute(const PipelinePlan& plan, const PyTimeout& timeout, uint64_t operation) {
     buffers_.set_wait(wait_timeout(timeout, "PipelineExecutor.execute_pipeline"), python_signal_check());
     py::gil_scoped_release release;
-    executor_.execute_pipeline(plan.iterations, sends_, receives_);
+    executor_.execute_pipeline(plan.iterations, sends_, receives_, operation);
   }
 
   void check(const PipelinePlan& plan) {
@@ -303,7 +303,10 @@ void bind_resharding(py::module_& module) {
       .def("check", &PyPipelineExecutor::check, py::arg("plan"),
            "The checks execute makes before anything moves, alone (ValueError naming the field).")
       .def("execute", &PyPipelineExecutor::execute, py::arg("plan"), py::arg("timeout") = py::none(),
-           "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.")
+           py::arg("operation") = 0,
+           "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers. Its barriers "
+           "carry `operation` (the same on every rank, a new one per run): a barrier completed by ranks of "
+           "different operations raises TensorxferError ('ranks out of step').")
       .def(
           "launch_pack",
           [](PyPipelineExecutor& self, uint32_t iteration, const py::handle& batch) { self.launch(iteration, batch, true); },

@@ -168,6 +168,7 @@ class PipelineExecutor:
         self._native = _core.PipelineExecutor(buffer_manager.memory._native, buffer_manager.group._native,
                                               buffer_manager.slot_nbytes, kernel_launcher.engine)
         self._loaded: Optional[tuple] = None  # (launcher, version) whose task memory the native side holds
+        self._operations = 0  # execute_pipeline calls that reached the native executor
 
     def set_streams(self, pack_stream: Any = None, unpack_stream: Any = None, send_stream: Any = None,
                     copy_stream: Any = None, torch_pack_stream: Any = None, torch_unpack_stream: Any = None,
@@ -227,7 +228,8 @@ class PipelineExecutor:
         if agree:
             self._agree_on_plan(iter_schedules if error is None else [], num_iterations, error, timeout)
         assert plan is not None  # a failed check raised above
-        self._native.execute(plan, timeout)
+        self._operations += 1  # the same count on every rank: the identity its barriers carry
+        self._native.execute(plan, timeout, self._operations)
 
     def _checked_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: int) -> Any:
         """The native plan, checked against the group, the slots and the requests (ValueError)."""

@@ -241,6 +241,11 @@ class RunProtocol:
         return [bytes(item[16:]) for item in result]
 
     @property
+    def run_index(self) -> int:
+        """The runs that reached the agreement: the same on every rank, the identity of the current one."""
+        return self._run_index
+
+    @property
     def plans_built(self) -> int:
         """How many runs had to build their plan (the rest reused one)."""
         return self._plans.plans_built

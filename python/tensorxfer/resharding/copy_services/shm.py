@@ -243,7 +243,7 @@ class ShmCopyService(CopyService):
         try:
             # Its final barrier also tells senders that every cross-memory read is done.
             with self._group_wait("the batch's transfers"):
-                self._executor.execute(plan.pipeline, timeout)
+                self._executor.execute(plan.pipeline, timeout, self._protocol.run_index)
         finally:
             empty = np.zeros(0, np.uint64)
             self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
