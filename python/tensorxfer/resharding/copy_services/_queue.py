@@ -197,8 +197,10 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
             self.append(op)
             return
         self._write_back()
-        for column, value in zip(self._queue.columns(self._op_type), (op.task_id, op.tensor, _peer(op))):
-            column.insert(index, value)
+        ids, tensors, ranks = self._queue.columns(self._op_type)
+        ids.insert(index, op.task_id)
+        tensors.insert(index, op.tensor)
+        ranks.insert(index, _peer(op))
         self._forget()
 
     def append(self, op: Op) -> None:

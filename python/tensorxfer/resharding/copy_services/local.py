@@ -12,11 +12,10 @@ from typing import Any, Optional
 
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
-from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
-from tensorxfer.resharding.copy_services.base import CopyService
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToQueue
 
 
-class LocalCopyService(CopyService):
+class LocalCopyService(ForwardsToQueue):
     """Same-process copies by task id.
 
     ``group``: None means world size 1, rank 0; a torch.distributed process
@@ -27,25 +26,13 @@ class LocalCopyService(CopyService):
 
     backend_name = "LocalCopyService"
     requires_process_group_barrier = False  # nothing crosses processes
-    send_ops = QueueAttribute("send_ops")
-    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)
         # Tensors on a device are copied by torch.
-        self._queue = SubmitQueue(self.backend_name, self.world_size, host_only=False,
-                                  peers=(self.rank, self.rank + 1),
-                                  same_rank_message=f"LocalCopyService copies within rank {self.rank} only")
-        bind_submits(self, self._queue)
+        self._hold_queue(host_only=False, peers=(self.rank, self.rank + 1),
+                         same_rank_message=f"LocalCopyService copies within rank {self.rank} only")
         self._pattern: Optional[OpPattern] = None
-
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` for the receive of the same task id on this rank."""
-        self._queue.submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive the send of the same task id on this rank."""
-        self._queue.submit_recv(dest_tensor, src_rank, task_id)
 
     def close(self) -> None:
         """Drops the queued ops; later calls raise tensorxfer.ClosedError."""

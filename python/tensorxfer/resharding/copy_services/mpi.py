@@ -13,11 +13,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import MessageExecutor, Posting, poll_until_done
-from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
-from tensorxfer.resharding.copy_services._run_protocol import UNSET, RunProtocol
-from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, CopyService, check_timeout
+from tensorxfer.resharding.copy_services._messages import Posting, poll_until_done
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
 def _mpi() -> Any:
@@ -30,21 +29,18 @@ def _mpi() -> Any:
     return MPI
 
 
-class MpiCopyService(CopyService):
+class MpiCopyService(ForwardsToProtocol):
     """Batched send/recv by task id over an mpi4py communicator.
 
     ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
     matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
     of the communicator must call ``run()`` for each batch. Host tensors only.
-    ``timeout`` and the window options: see
-    :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol` and
-    :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
+    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
+    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
     """
 
     backend_name = "MpiCopyService"
     requires_process_group_barrier = False  # run() returns once every send and receive of this rank completed
-    send_ops = QueueAttribute("send_ops")
-    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self, comm: Any = None, *, group: Any = None, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  **options: Any) -> None:
@@ -57,40 +53,13 @@ class MpiCopyService(CopyService):
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm: expected an mpi4py intracommunicator or None, got {type(comm).__name__}")
         super().__init__(comm)
-        self._queue = SubmitQueue(self.backend_name, self.world_size)
-        bind_submits(self, self._queue)
-        self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
         self._transport = _MpiTransport(MPI, comm, self.rank, self.world_size)
-        self._messages = MessageExecutor(self.backend_name, self.rank, self._transport, **options)
-        self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._messages.gather,
-                                     self._messages.plan_options(), self.timeout)
-        self._protocol.mover = self._messages
-        self._transport.watch = self._protocol.watch
-
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
-        self._queue.submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
-        self._queue.submit_recv(dest_tensor, src_rank, task_id)
-
-    def run(self, timeout: Optional[float] = UNSET) -> None:
-        """Moves every queued op as one batch (collective); see RunProtocol.run for what it raises."""
-        self._check_open("run")
-        self._protocol.run(self._queue.take, timeout)
-
-    @property
-    def plans_built(self) -> int:
-        """How many runs had to build their plan (the rest reused one)."""
-        return self._protocol.plans_built
+        self._hold_message_steps(self._transport, timeout, options)
 
     def close(self) -> None:
         """Free the private communicator; later calls raise tensorxfer.ClosedError."""
         self._transport.free(unless_broken=self._protocol.broken is not None)
-        self._protocol.close()
-        self._queue.close()
-        self._closed = True
+        self._close_steps()
 
 
 class _MpiTransport:

@@ -35,13 +35,13 @@ import numpy as np
 from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _ptracer, _tensors
-from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
-from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, UNSET, RunProtocol
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
+from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, RunProtocol
 from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
 from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER, SendBuffers
 from tensorxfer.resharding.copy_services._shm_plan import ShmPlan, build_shm_plan, published_for_receives
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, CopyService, check_timeout
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, check_timeout
 from tensorxfer.runtime.group import LocalGroup
 from tensorxfer.runtime.ipc_memory import IpcMemory
 
@@ -64,7 +64,7 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
     return LocalGroup.from_torch(group, timeout=timeout), True
 
 
-class ShmCopyService(CopyService):
+class ShmCopyService(ForwardsToProtocol):
     """Batched send/recv among the ranks of one host through shared memory.
 
     ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
@@ -79,8 +79,6 @@ class ShmCopyService(CopyService):
     backend_name = "ShmCopyService"
     # run() ends with the executor's group barrier whenever any rank moved bytes.
     requires_process_group_barrier = False
-    send_ops = QueueAttribute("send_ops")
-    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
@@ -107,8 +105,7 @@ class ShmCopyService(CopyService):
         try:
             super().__init__(group)
             self.rank, self.world_size = local.rank, local.world_size
-            self._queue = SubmitQueue(self.backend_name, self.world_size)
-            bind_submits(self, self._queue)
+            self._hold_queue()
             self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
             # Compares the plan-shaping options on every rank before anything is mapped.
             self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._gather,
@@ -133,24 +130,6 @@ class ShmCopyService(CopyService):
         return {"slot_nbytes": self.slot_nbytes, "max_tasks_per_batch": self.max_tasks_per_batch,
                 "cma_min_bytes": self.cma_min_bytes, "buffer_bytes": self.buffer_bytes}
 
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
-        self._queue.submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
-        self._queue.submit_recv(dest_tensor, src_rank, task_id)
-
-    def run(self, timeout: Optional[float] = UNSET) -> None:
-        """Moves every queued op as one batch (collective); see RunProtocol.run for what it raises."""
-        self._check_open("run")
-        self._protocol.run(self._queue.take, timeout)
-
-    @property
-    def plans_built(self) -> int:
-        """How many runs had to build their plan (the rest reused one)."""
-        return self._protocol.plans_built
-
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
 
@@ -170,9 +149,7 @@ class ShmCopyService(CopyService):
         it) leaves the group."""
         if not self._closed:
             self._release()
-            self._protocol.close()
-            self._queue.close()
-        self._closed = True
+            self._close_steps()
 
     def _release(self) -> None:
         self.__dict__.pop("_executor", None)  # the native executor before the memory it points into

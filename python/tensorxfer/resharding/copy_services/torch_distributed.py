@@ -19,29 +19,25 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import MessageExecutor, Posting
-from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
-from tensorxfer.resharding.copy_services._run_protocol import UNSET, RunProtocol
-from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, CopyService, check_timeout
+from tensorxfer.resharding.copy_services._messages import Posting
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
-class TorchDistributedCopyService(CopyService):
+class TorchDistributedCopyService(ForwardsToProtocol):
     """Batched send/recv by task id over a torch.distributed process group.
 
     ``group``: a process group; None = the default group (which must be
     initialized). Ranks are ranks of ``group``. Every rank of the group must
     call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
-    ``timeout`` and the window options: see
-    :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol` and
-    :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
+    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
+    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
     """
 
     backend_name = "TorchDistributedCopyService"
     #: True unless the group is gloo (see __init__): nccl's wait() is stream-ordered.
     requires_process_group_barrier = True
-    send_ops = QueueAttribute("send_ops")
-    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT, **options: Any) -> None:
         import torch.distributed as dist
@@ -58,39 +54,12 @@ class TorchDistributedCopyService(CopyService):
         # returns once the bytes are in host memory.
         self.requires_process_group_barrier = "gloo" not in str(dist.get_backend(process_group)).lower()
         super().__init__(group)
-        self._queue = SubmitQueue(self.backend_name, self.world_size, host_only=False)
-        bind_submits(self, self._queue)
-        self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
-        self._transport = _TorchTransport(group, process_group, self.rank, self.world_size)
-        self._messages = MessageExecutor(self.backend_name, self.rank, self._transport, **options)
-        self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._messages.gather,
-                                     self._messages.plan_options(), self.timeout)
-        self._protocol.mover = self._messages
-        self._transport.watch = self._protocol.watch
-
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
-        self._queue.submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
-        self._queue.submit_recv(dest_tensor, src_rank, task_id)
-
-    def run(self, timeout: Optional[float] = UNSET) -> None:
-        """Moves every queued op as one batch (collective); see RunProtocol.run for what it raises."""
-        self._check_open("run")
-        self._protocol.run(self._queue.take, timeout)
-
-    @property
-    def plans_built(self) -> int:
-        """How many runs had to build their plan (the rest reused one)."""
-        return self._protocol.plans_built
+        transport = _TorchTransport(group, process_group, self.rank, self.world_size)
+        self._hold_message_steps(transport, timeout, options, host_only=False)
 
     def close(self) -> None:
         """Drops plans, staging and queued ops; later calls raise tensorxfer.ClosedError."""
-        self._protocol.close()
-        self._queue.close()
-        self._closed = True
+        self._close_steps()
 
 
 class _TorchTransport:
