@@ -12,6 +12,8 @@ import gc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import RecvOp, SendOp, _tensors
@@ -232,3 +234,54 @@ def test_repr_counts_the_queue_without_turning_it_into_dataclasses():
     assert len(queue.send_ops) == 201 and repr(queue) == "Recorder(rank=0, world_size=4, 201 sends, 2 recvs queued)"
     queue.close()
     assert repr(queue) == "Recorder(rank=0, world_size=4, closed)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["submit", "append", "pop", "insert", "set", "edit", "del_slice", "clear",
+                                           "assign"]),
+                          st.integers(0, 6), st.integers(0, 3), st.integers(-5, 50)), max_size=25))
+def test_send_ops_behaves_as_the_list_it_documents(steps):
+    """Whatever a caller does to send_ops (list operations, edits of an op just read from it,
+    submits in between), run() executes exactly what a plain list of SendOp would hold."""
+    queue = Recorder()
+    tensors = [np.full(3, k, np.uint8) for k in range(7)]
+    model: list = []
+    for action, index, rank, task_id in steps:
+        view = queue.send_ops
+        op = SendOp(task_id, tensors[index], rank)
+        position = index % len(model) if model else None
+        if action == "submit":
+            queue.submit_send(op.tensor, rank, task_id)
+            model.append(SendOp(task_id, op.tensor, rank))
+        elif action == "append":
+            view.append(op)
+            model.append(op)
+        elif action == "insert":
+            view.insert(index, op)
+            model.insert(index, op)
+        elif action == "clear":
+            view.clear()
+            model.clear()
+        elif action == "assign":
+            queue.send_ops = [op, SendOp(task_id + 1, tensors[0], 1)]
+            model = [op, SendOp(task_id + 1, tensors[0], 1)]
+        elif position is None:
+            continue
+        elif action == "pop":
+            assert view.pop(position) == model.pop(position)
+        elif action == "set":
+            view[position] = op
+            model[position] = op
+        elif action == "edit":  # an op read from the list is the queued op
+            view[position].tensor = tensors[index]
+            view[position].dest_rank = rank
+            model[position].tensor = tensors[index]
+            model[position].dest_rank = rank
+        elif action == "del_slice":
+            del view[position:position + 2]
+            del model[position:position + 2]
+        assert queue.send_ops == model and len(queue.send_ops) == len(model)
+    sends, _ = queue.run()
+    assert sends[0] == [op.task_id for op in model] and sends[2] == [op.dest_rank for op in model]
+    assert all(a is op.tensor for a, op in zip(sends[1], model)) and len(sends[1]) == len(model)
+    assert queue.send_ops == []
