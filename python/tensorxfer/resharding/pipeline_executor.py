@@ -4,10 +4,11 @@ The host counterpart of the upstream NVSHMEM ``PipelineExecutor``: an
 :class:`~tensorxfer.runtime.IpcMemory` holding two send and two receive slots
 per rank plays the symmetric heap (:class:`DoubleBufferManager`), the native
 copy engine packs and unpacks batches on the executor's host streams
-(:class:`HostKernelLauncher`), and "send" copies a packed slot into the
-destination's receive slot. Per iteration i: pack i+1 (async), unpack i-1
-(async), send i, wait for the pack and unpack, barrier; a receive slot is
-rewritten only after every rank has unpacked it (the native executor's header,
+(:class:`HostKernelLauncher`). Per iteration i: pack i straight into the
+destination's receive slot (async; packing and "sending" are one copy on the
+host), unpack i-1 (async), wait for both, barrier; a receive slot is rewritten
+only after every rank has unpacked it, and every barrier carries the identity
+of the run it belongs to (the native executor's header,
 ``resharding/pipeline_executor.h``, gives the argument).
 
 Usage (every rank, collectively)::

@@ -17,8 +17,8 @@ backends; the remote tasks then move in two ways:
   permitted wherever the ranks share memory);
 * everything else through the pipeline executor: a schedule every rank
   computes alike packs tasks into batches, and double-buffered slots in an
-  :class:`~tensorxfer.runtime.IpcMemory` move them (pack next, unpack previous,
-  copy this one into the peer's receive slot, barrier).
+  :class:`~tensorxfer.runtime.IpcMemory` move them (pack this batch straight
+  into the peer's receive slot, unpack the previous one, barrier).
 
 Host tensors only (numpy arrays, CPU torch tensors).
 """
