@@ -285,3 +285,15 @@ def test_send_ops_behaves_as_the_list_it_documents(steps):
     assert sends[0] == [op.task_id for op in model] and sends[2] == [op.dest_rank for op in model]
     assert all(a is op.tensor for a, op in zip(sends[1], model)) and len(sends[1]) == len(model)
     assert queue.send_ops == []
+
+
+def test_native_torch_description_raises_what_the_tensor_raises():
+    torch = pytest.importorskip("torch")
+    from tensorxfer import _core
+
+    with pytest.raises(RuntimeError, match="data pointer"):  # a sparse tensor has no storage
+        _core.describe_torch_tensors([torch.zeros(2), torch.zeros(3, 3).to_sparse()])
+    with pytest.raises(AttributeError, match="data_ptr"):
+        _core.describe_torch_tensors([object()])
+    rows = _core.describe_torch_tensors([torch.zeros(2, 2).t()])
+    assert rows[:, 1].tolist() == [16] and rows[:, 2].tolist() == [2]  # on the host, not contiguous
