@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -127,10 +128,10 @@ class PyPipelineExecutor {
     receives_ = std::move(receives);
   }
 
-  void execute(const PipelinePlan& plan, const PyTimeout& timeout) {
+  void execute(const PipelinePlan& plan, const PyTimeout& timeout, uint64_t operation) {
     buffers_.set_wait(wait_timeout(timeout, "PipelineExecutor.execute_pipeline"), python_signal_check());
     py::gil_scoped_release release;
-    executor_.execute_pipeline(plan.iterations, sends_, receives_);
+    executor_.execute_pipeline(plan.iterations, sends_, receives_, operation);
   }
 
   void check(const PipelinePlan& plan) {
@@ -160,9 +161,69 @@ class PyPipelineExecutor {
   resharding::TaskMemoryMap receives_;
 };
 
+// One torch tensor's (data_ptr(), nbytes, is_contiguous(), is_cpu), through the
+// CPython API: the methods are looked up and called without bound-method objects.
+class TorchTensorFields {
+ public:
+  TorchTensorFields()
+      : data_ptr_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("data_ptr"))),
+        nbytes_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("nbytes"))),
+        is_contiguous_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("is_contiguous"))),
+        is_cpu_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("is_cpu"))) {}
+
+  // (address, nbytes, flags: 1 contiguous, 2 on the host); throws error_already_set.
+  std::array<uint64_t, 3> read(PyObject* tensor) const {
+    const uint64_t address = as_u64(call(tensor, data_ptr_));
+    const uint64_t nbytes = as_u64(py::reinterpret_steal<py::object>(PyObject_GetAttr(tensor, nbytes_.ptr())));
+    const bool contiguous = as_bool(call(tensor, is_contiguous_));
+    const bool cpu = as_bool(py::reinterpret_steal<py::object>(PyObject_GetAttr(tensor, is_cpu_.ptr())));
+    return {address, nbytes, (contiguous ? uint64_t{1} : 0) | (cpu ? uint64_t{2} : 0)};
+  }
+
+ private:
+  static py::object call(PyObject* self, const py::object& name) {
+    PyObject* args[] = {self};
+    return py::reinterpret_steal<py::object>(
+        PyObject_VectorcallMethod(name.ptr(), args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  }
+  static uint64_t as_u64(const py::object& value) {
+    if (!value) throw py::error_already_set();
+    const unsigned long long result = PyLong_AsUnsignedLongLong(value.ptr());
+    if (result == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw py::error_already_set();
+    return result;
+  }
+  static bool as_bool(const py::object& value) {
+    if (!value) throw py::error_already_set();
+    const int result = PyObject_IsTrue(value.ptr());
+    if (result < 0) throw py::error_already_set();
+    return result == 1;
+  }
+
+  py::object data_ptr_, nbytes_, is_contiguous_, is_cpu_;
+};
+
 }  // namespace
 
 void bind_resharding(py::module_& module) {
+  module.def(
+      "describe_torch_tensors",
+      [](const py::list& tensors) {
+        static const TorchTensorFields* const fields = new TorchTensorFields();  // lives as the interpreter does
+        const auto count = static_cast<py::ssize_t>(tensors.size());
+        py::array_t<uint64_t> result({count, py::ssize_t{3}});
+        auto rows = result.mutable_unchecked<2>();
+        for (py::ssize_t i = 0; i < count; ++i) {
+          const auto row = fields->read(PyList_GET_ITEM(tensors.ptr(), i));
+          rows(i, 0) = row[0];
+          rows(i, 1) = row[1];
+          rows(i, 2) = row[2];
+        }
+        return result;
+      },
+      py::arg("tensors"),
+      "(n, 3) uint64 array of (data_ptr(), nbytes, flags: 1 contiguous, 2 on the host) of each torch tensor in "
+      "the list (the copy services' _tensors.describe_many; any object with those attributes works).");
+
   module.def(
       "build_transfer_schedule",
       [](const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sends,
@@ -216,8 +277,8 @@ void bind_resharding(py::module_& module) {
         const auto endpoints = endpoints_from(tasks, "tasks");
         PipelinePlan plan;
         py::gil_scoped_release release;
-        const resharding::Schedule schedule = resharding::build_schedule(
-            endpoints, endpoints, world_size, resharding::BatchLimits{slot_nbytes, max_tasks_per_batch});
+        const resharding::Schedule schedule = resharding::schedule_matched_tasks(
+            endpoints, world_size, resharding::BatchLimits{slot_nbytes, max_tasks_per_batch});
         plan.iterations.resize(schedule.num_iterations);
         for (const auto& batch : schedule.batches) {
           if (batch.src_rank == my_pe) plan.iterations[batch.iteration].send = batch;
@@ -228,7 +289,8 @@ void bind_resharding(py::module_& module) {
       },
       py::arg("tasks"), py::arg("world_size"), py::arg("slot_nbytes"), py::arg("max_tasks_per_batch"),
       py::arg("my_pe"),
-      "Rank my_pe's plan from matched (task_id, nbytes, src_rank, dest_rank) rows (every rank gets the same schedule).");
+      "Rank my_pe's plan from already matched (task_id, nbytes, src_rank, dest_rank) rows, task ids strictly "
+      "increasing (they are not matched again; every rank gets the same schedule).");
 
   py::class_<PyPipelineExecutor>(module, "PipelineExecutor",
                                  "Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).")
@@ -241,7 +303,10 @@ void bind_resharding(py::module_& module) {
       .def("check", &PyPipelineExecutor::check, py::arg("plan"),
            "The checks execute makes before anything moves, alone (ValueError naming the field).")
       .def("execute", &PyPipelineExecutor::execute, py::arg("plan"), py::arg("timeout") = py::none(),
-           "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.")
+           py::arg("operation") = 0,
+           "Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers. Its barriers "
+           "carry `operation` (the same on every rank, a new one per run): a barrier completed by ranks of "
+           "different operations raises TensorxferError ('ranks out of step').")
       .def(
           "launch_pack",
           [](PyPipelineExecutor& self, uint32_t iteration, const py::handle& batch) { self.launch(iteration, batch, true); },

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -535,9 +535,9 @@ class PipelineExecutor:
         """
         The checks execute makes before anything moves, alone (ValueError naming the field).
         """
-    def execute(self, plan: PipelinePlan, timeout: float | None = None) -> None:
+    def execute(self, plan: PipelinePlan, timeout: float | None = None, operation: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         """
-        Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers.
+        Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers. Its barriers carry `operation` (the same on every rank, a new one per run): a barrier completed by ranks of different operations raises TensorxferError ('ranks out of step').
         """
     def launch_pack(self, iteration: typing.SupportsInt | typing.SupportsIndex, batch: typing.Any) -> None:
         ...
@@ -605,6 +605,10 @@ def describe_spans(objects: list) -> numpy.typing.NDArray[numpy.uint64]:
     """
     (n, 3) uint64 array: (address, nbytes, flags) of each buffer-protocol object or torch tensor; flags: 1 C-contiguous, 2 host memory, 4 read-only, 8 neither kind (address and size 0). Private to the copy services.
     """
+def describe_torch_tensors(tensors: list) -> numpy.typing.NDArray[numpy.uint64]:
+    """
+    (n, 3) uint64 array of (data_ptr(), nbytes, flags: 1 contiguous, 2 on the host) of each torch tensor in the list (the copy services' _tensors.describe_many; any object with those attributes works).
+    """
 def find_task_pairs(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64]) -> tuple[str, int, int, int, numpy.typing.NDArray[numpy.int64]]:
     """
     Pairs (task_id, nbytes, src_rank, dest_rank) rows by task_id: (problem, send_index, receive_index, other_index, pairs (n, 2) of (send row, receive row) in task_id order); problem is '' when they pair up, else the first of duplicate_send, duplicate_receive, missing_receive, missing_send, ranks_differ, sizes_differ (resharding/task_matcher.h).
@@ -657,7 +661,7 @@ def pipeline_region_nbytes(slot_nbytes: typing.SupportsInt | typing.SupportsInde
     ...
 def plan_pipeline(tasks: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex, my_pe: typing.SupportsInt | typing.SupportsIndex) -> PipelinePlan:
     """
-    Rank my_pe's plan from matched (task_id, nbytes, src_rank, dest_rank) rows (every rank gets the same schedule).
+    Rank my_pe's plan from already matched (task_id, nbytes, src_rank, dest_rank) rows, task ids strictly increasing (they are not matched again; every rank gets the same schedule).
     """
 def populate_host_pages(view: TensorView, argument: str, method: str = 'auto') -> dict:
     """

@@ -59,10 +59,23 @@ Schedule schedule_batches(std::vector<ScheduledBatch> batches, int world_size) {
   return schedule;
 }
 
+Schedule schedule_matched_tasks(const std::vector<MatchedTask>& tasks, int world_size, const BatchLimits& limits) {
+  TENSORXFER_CHECK(InvalidArgument, world_size >= 1, "world_size must be >= 1, got ", world_size);
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const MatchedTask& task = tasks[i];
+    TENSORXFER_CHECK(InvalidArgument, i == 0 || tasks[i - 1].task_id < task.task_id, "matched task_id=", task.task_id,
+                     " follows task_id=", i == 0 ? 0 : tasks[i - 1].task_id, ", expected strictly increasing ids");
+    const bool in_range = task.src_rank >= 0 && task.src_rank < world_size && task.dest_rank >= 0 &&
+                          task.dest_rank < world_size;
+    TENSORXFER_CHECK(InvalidArgument, in_range, "task_id=", task.task_id, " goes rank ", task.src_rank, " -> ",
+                     task.dest_rank, ", expected ranks in [0, ", world_size, ")");
+  }
+  return schedule_batches(pack_segments(segment_tasks(tasks, limits), limits), world_size);
+}
+
 Schedule build_schedule(const std::vector<TaskEndpoint>& sends, const std::vector<TaskEndpoint>& receives,
                         int world_size, const BatchLimits& limits) {
-  const std::vector<MatchedTask> tasks = match_tasks(sends, receives, world_size);
-  return schedule_batches(pack_segments(segment_tasks(tasks, limits), limits), world_size);
+  return schedule_matched_tasks(match_tasks(sends, receives, world_size), world_size, limits);
 }
 
 }  // namespace tensorxfer::resharding

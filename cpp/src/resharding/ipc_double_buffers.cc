@@ -6,9 +6,16 @@
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::resharding {
+namespace {
+
+// The operation tags after the slots (two of kTagWords words), one cache line.
+constexpr std::size_t kTagBytes = 64;
+
+}  // namespace
 
 std::size_t IpcDoubleBuffers::region_nbytes(std::size_t slot_nbytes) {
-  return checked_mul(slot_nbytes, std::size_t{4}, "double-buffer region bytes");
+  return checked_add(checked_mul(slot_nbytes, std::size_t{4}, "double-buffer region bytes"), kTagBytes,
+                     "double-buffer region bytes");
 }
 
 IpcDoubleBuffers::IpcDoubleBuffers(collectives::IpcMemory& memory, group::LocalGroup& group, std::size_t slot_nbytes)
@@ -22,7 +29,8 @@ IpcDoubleBuffers::IpcDoubleBuffers(collectives::IpcMemory& memory, group::LocalG
                    group.rank(), " of ", group.world_size(), ") disagree");
   TENSORXFER_CHECK(InvalidArgument, memory.data_nbytes() >= region_nbytes(slot_nbytes), "the IpcMemory holds ",
                    memory.data_nbytes(), " bytes per rank, two send and two receive slots of ", slot_nbytes,
-                   " bytes need ", region_nbytes(slot_nbytes));
+                   " bytes and the operation tags need ", region_nbytes(slot_nbytes));
+  static_assert(2 * kTagWords * sizeof(sync::SharedWord64) <= kTagBytes);
 }
 
 void IpcDoubleBuffers::set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook) {

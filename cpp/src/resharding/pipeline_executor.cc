@@ -1,6 +1,7 @@
 #include "tensorxfer/resharding/pipeline_executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <set>
@@ -128,7 +129,10 @@ void PipelineExecutor::copy_segments(const ScheduledBatch& batch, std::byte* slo
 void PipelineExecutor::launch_pack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
   check_open("launch_pack");
   check_batch(batch, sends, "send");
-  std::byte* slot = buffers_.send_slot(slot_of(iteration));
+  pack_into(buffers_.send_slot(slot_of(iteration)), batch, sends);
+}
+
+void PipelineExecutor::pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
   pack_stream_.enqueue([this, batch, slot, &sends] { copy_segments(batch, slot, sends, /*into_slot=*/true); });
 }
 
@@ -152,29 +156,42 @@ void PipelineExecutor::synchronize_streams() {
   if (first) std::rethrow_exception(first);
 }
 
+void PipelineExecutor::tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers) {
+  const std::array<uint64_t, kTagWords> tag{operation, barrier, barriers};
+  const int parity = static_cast<int>(entered_++ % 2);
+  sync::SharedWord64* own = buffers_.operation_tag(my_pe_, parity);
+  // Relaxed: the barrier publishes them (everything written before entering is visible after).
+  for (std::size_t word = 0; word < kTagWords; ++word) own[word].store(tag[word], std::memory_order_relaxed);
+  buffers_.barrier();
+  for (int pe = 0; pe < buffers_.world_size(); ++pe) {
+    const sync::SharedWord64* theirs = buffers_.operation_tag(pe, parity);
+    std::array<uint64_t, kTagWords> seen{};
+    for (std::size_t word = 0; word < kTagWords; ++word) seen[word] = theirs[word].load(std::memory_order_relaxed);
+    TENSORXFER_CHECK(Error, seen == tag, "PipelineExecutor: ranks out of step: rank ", my_pe_,
+                     " left barrier ", barrier, " of ", barriers, " of operation ", operation, ", which rank ", pe,
+                     " entered as barrier ", seen[1], " of ", seen[2], " of operation ", seen[0]);
+  }
+}
+
 void PipelineExecutor::execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
-                                        const TaskMemoryMap& receives) {
+                                        const TaskMemoryMap& receives, uint64_t operation) {
   check_open("execute_pipeline");
   check_plan(schedules, sends, receives);
   const auto count = static_cast<uint32_t>(schedules.size());
   try {
-    if (count > 0 && schedules[0].send) launch_pack(0, *schedules[0].send, sends);
-    synchronize_streams();
     for (uint32_t i = 0; i < count; ++i) {
-      if (i + 1 < count && schedules[i + 1].send) launch_pack(i + 1, *schedules[i + 1].send, sends);
-      if (i >= 1 && schedules[i - 1].receive) launch_unpack(i - 1, *schedules[i - 1].receive, receives);
       if (const auto& batch = schedules[i].send) {
-        engine_.copy(buffers_.peer_receive_slot(batch->dest_rank, slot_of(i)), buffers_.send_slot(slot_of(i)),
-                     batch->total_nbytes);
+        pack_into(buffers_.peer_receive_slot(batch->dest_rank, slot_of(i)), *batch, sends);
       }
+      if (i >= 1 && schedules[i - 1].receive) launch_unpack(i - 1, *schedules[i - 1].receive, receives);
       synchronize_streams();
-      buffers_.barrier();
+      tagged_barrier(operation, i, count + 1);
     }
     if (count > 0 && schedules[count - 1].receive) {
       launch_unpack(count - 1, *schedules[count - 1].receive, receives);
       synchronize_streams();
     }
-    buffers_.barrier();
+    tagged_barrier(operation, count, count + 1);
   } catch (...) {
     // Nothing may touch the caller's memory once this returns: drain first.
     try {

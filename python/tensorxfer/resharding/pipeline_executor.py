@@ -4,10 +4,11 @@ The host counterpart of the upstream NVSHMEM ``PipelineExecutor``: an
 :class:`~tensorxfer.runtime.IpcMemory` holding two send and two receive slots
 per rank plays the symmetric heap (:class:`DoubleBufferManager`), the native
 copy engine packs and unpacks batches on the executor's host streams
-(:class:`HostKernelLauncher`), and "send" copies a packed slot into the
-destination's receive slot. Per iteration i: pack i+1 (async), unpack i-1
-(async), send i, wait for the pack and unpack, barrier; a receive slot is
-rewritten only after every rank has unpacked it (the native executor's header,
+(:class:`HostKernelLauncher`). Per iteration i: pack i straight into the
+destination's receive slot (async; packing and "sending" are one copy on the
+host), unpack i-1 (async), wait for both, barrier; a receive slot is rewritten
+only after every rank has unpacked it, and every barrier carries the identity
+of the run it belongs to (the native executor's header,
 ``resharding/pipeline_executor.h``, gives the argument).
 
 Usage (every rank, collectively)::
@@ -168,6 +169,7 @@ class PipelineExecutor:
         self._native = _core.PipelineExecutor(buffer_manager.memory._native, buffer_manager.group._native,
                                               buffer_manager.slot_nbytes, kernel_launcher.engine)
         self._loaded: Optional[tuple] = None  # (launcher, version) whose task memory the native side holds
+        self._operations = 0  # execute_pipeline calls that reached the native executor
 
     def set_streams(self, pack_stream: Any = None, unpack_stream: Any = None, send_stream: Any = None,
                     copy_stream: Any = None, torch_pack_stream: Any = None, torch_unpack_stream: Any = None,
@@ -227,7 +229,8 @@ class PipelineExecutor:
         if agree:
             self._agree_on_plan(iter_schedules if error is None else [], num_iterations, error, timeout)
         assert plan is not None  # a failed check raised above
-        self._native.execute(plan, timeout)
+        self._operations += 1  # the same count on every rank: the identity its barriers carry
+        self._native.execute(plan, timeout, self._operations)
 
     def _checked_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: int) -> Any:
         """The native plan, checked against the group, the slots and the requests (ValueError)."""

@@ -27,13 +27,17 @@ class ThreadFabric {
  public:
   ThreadFabric(int world_size, std::size_t slot_nbytes)
       : world_size_(world_size), slot_nbytes_(slot_nbytes),
-        slots_(static_cast<std::size_t>(world_size) * 4, std::vector<std::byte>(slot_nbytes)) {}
+        slots_(static_cast<std::size_t>(world_size) * 4, std::vector<std::byte>(slot_nbytes)),
+        tags_(static_cast<std::size_t>(world_size) * 2 * kTagWords, sync::SharedWord64{0}) {}
 
   std::byte* slot(int rank, int kind, int index) {  // kind 0: send, 1: receive
     return slots_[static_cast<std::size_t>(rank * 4 + kind * 2 + index)].data();
   }
   std::size_t slot_nbytes() const { return slot_nbytes_; }
   int world_size() const { return world_size_; }
+  sync::SharedWord64* tag(int rank, int parity) {
+    return &tags_[static_cast<std::size_t>((rank * 2 + parity)) * kTagWords];
+  }
 
   void barrier(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -53,6 +57,7 @@ class ThreadFabric {
   int world_size_;
   std::size_t slot_nbytes_;
   std::vector<std::vector<std::byte>> slots_;
+  std::vector<sync::SharedWord64> tags_;
   std::mutex mutex_;
   std::condition_variable changed_;
   int arrived_ = 0;
@@ -73,6 +78,7 @@ class ThreadBuffers final : public DoubleBuffers {
   std::byte* send_slot(int index) noexcept override { return fabric_.slot(rank_, 0, index); }
   std::byte* receive_slot(int index) noexcept override { return fabric_.slot(rank_, 1, index); }
   std::byte* peer_receive_slot(int pe, int index) noexcept override { return fabric_.slot(pe, 1, index); }
+  sync::SharedWord64* operation_tag(int pe, int parity) noexcept override { return fabric_.tag(pe, parity); }
   void barrier() override {
     if (delays) std::this_thread::sleep_for(std::chrono::microseconds(random_() % 300));
     fabric_.barrier(timeout);
@@ -135,7 +141,7 @@ void run_ranks(int world_size, int rounds, bool delays, std::size_t slot_nbytes)
           for (auto& [id, memory] : data.sends) {
             for (uint64_t i = 0; i < memory.nbytes; ++i) memory.data[i] = expected_byte(id, i, round);
           }
-          executor.execute_pipeline(mine, data.sends, data.receives);
+          executor.execute_pipeline(mine, data.sends, data.receives, static_cast<uint64_t>(round) + 1);
           for (auto& [id, memory] : data.receives) {
             for (uint64_t i = 0; i < memory.nbytes; ++i) {
               if (memory.data[i] != expected_byte(id, i, round)) {
@@ -177,10 +183,10 @@ TEST(PipelineExecutorTest, RefusesASegmentOutsideItsTask) {
   batch.total_nbytes = 80;
   std::vector<IterationSchedule> plan(1);
   plan[0].send = batch;
-  EXPECT_THROW(executor.execute_pipeline(plan, sends, {}), InvalidArgument);
+  EXPECT_THROW(executor.execute_pipeline(plan, sends, {}, 1), InvalidArgument);
   batch.segments = {TaskSegment{8, 0, 10, 0}};  // a task this rank does not send
   plan[0].send = batch;
-  EXPECT_THROW(executor.execute_pipeline(plan, sends, {}), InvalidArgument);
+  EXPECT_THROW(executor.execute_pipeline(plan, sends, {}, 1), InvalidArgument);
 }
 
 // One rank of a group of `world` with a 100-byte send task 7 and receive task 9.
@@ -206,7 +212,7 @@ struct OneRank {
   // The message of the InvalidArgument `plan` raises ("" if none).
   std::string refusal(const std::vector<IterationSchedule>& plan) {
     try {
-      executor.execute_pipeline(plan, sends, receives);
+      executor.execute_pipeline(plan, sends, receives, 1);
     } catch (const InvalidArgument& error) {
       return error.what();
     }
@@ -252,7 +258,8 @@ TEST(PipelineExecutorTest, RefusesIterationBatchIndexSizesAndOverlapsBeforeAnyth
   plan[0].send->segments = {TaskSegment{7, 0, 50, 90}};
   EXPECT_NE(one.refusal(plan).find("slot_offset 90 + size 50 exceeds the batch's total_size 100"),
             std::string::npos);
-  // Nothing was packed: every refusal came before the first copy.
+  // Nothing was packed: every refusal came before the first copy (batches go to the peer's receive slot).
+  EXPECT_EQ(std::memcmp(one.fabric.slot(1, 1, 0), std::vector<std::byte>(100).data(), 100), 0);
   EXPECT_EQ(std::memcmp(one.fabric.slot(0, 0, 0), std::vector<std::byte>(100).data(), 100), 0);
 }
 
@@ -261,7 +268,7 @@ TEST(PipelineExecutorTest, RefusesToRunOnReleasedBuffers) {
   one.buffers.open = false;
   std::vector<IterationSchedule> plan(1);
   plan[0].send = OneRank::batch(0, 1, 7);
-  EXPECT_THROW(one.executor.execute_pipeline(plan, one.sends, one.receives), Closed);
+  EXPECT_THROW(one.executor.execute_pipeline(plan, one.sends, one.receives, 1), Closed);
   EXPECT_THROW(one.executor.launch_pack(0, *plan[0].send, one.sends), Closed);
 }
 
@@ -273,8 +280,55 @@ TEST(PipelineExecutorTest, ABarrierThatTimesOutEndsTheRunWithTheError) {
   PipelineExecutor executor(engine, buffers, 0);
   std::vector<IterationSchedule> plan(1);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(executor.execute_pipeline(plan, {}, {}), Timeout);
+  EXPECT_THROW(executor.execute_pipeline(plan, {}, {}, 1), Timeout);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// Two ranks run one-iteration plans (rank 0 sends task 7 to rank 1) tagged as
+// given; returns each rank's error message ("" if it returned).
+std::vector<std::string> run_tagged(uint64_t operation0, uint64_t operation1, uint32_t iterations1 = 1) {
+  ThreadFabric fabric(2, 1024);
+  copy::CopyEngine engine(1);
+  std::vector<std::byte> source(100, std::byte{0x42}), target(100);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      ThreadBuffers buffers(fabric, rank, static_cast<unsigned>(rank + 1));
+      buffers.timeout = 2000ms;
+      PipelineExecutor executor(engine, buffers, rank);
+      std::vector<IterationSchedule> plan(rank == 0 ? 1 : iterations1);
+      TaskMemoryMap sends, receives;
+      if (rank == 0) {
+        plan[0].send = OneRank::batch(0, 1, 7);
+        sends[7] = TaskMemory{source.data(), 100};
+      } else {
+        plan[0].receive = OneRank::batch(0, 1, 7);
+        receives[7] = TaskMemory{target.data(), 100};
+      }
+      try {
+        executor.execute_pipeline(plan, sends, receives, rank == 0 ? operation0 : operation1);
+      } catch (const Error& error) {
+        errors[static_cast<std::size_t>(rank)] = error.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return errors;
+}
+
+TEST(PipelineExecutorTest, BarriersCarryTheOperationTheyBelongTo) {
+  EXPECT_EQ(run_tagged(3, 3), (std::vector<std::string>{"", ""}));
+  // A barrier of one operation never completes another's: both ranks raise at the first one.
+  const auto crossed = run_tagged(3, 4);
+  EXPECT_EQ(crossed[0], "PipelineExecutor: ranks out of step: rank 0 left barrier 0 of 2 of operation 3, which "
+                        "rank 1 entered as barrier 0 of 2 of operation 4");
+  EXPECT_NE(crossed[1].find("ranks out of step: rank 1 left barrier 0 of 2 of operation 4"), std::string::npos)
+      << crossed[1];
+  // Nor does a barrier of a plan with another number of iterations.
+  const auto longer = run_tagged(3, 3, 2);
+  EXPECT_NE(longer[0].find("which rank 1 entered as barrier 0 of 3 of operation 3"), std::string::npos) << longer[0];
+  EXPECT_NE(longer[1].find("ranks out of step"), std::string::npos) << longer[1];
 }
 
 }  // namespace

@@ -130,6 +130,22 @@ void expect_valid(const Schedule& schedule, const std::vector<MatchedTask>& task
   }
 }
 
+void expect_same_schedule(const Schedule& again, const Schedule& schedule) {
+  ASSERT_EQ(again.num_iterations, schedule.num_iterations);
+  ASSERT_EQ(again.batches.size(), schedule.batches.size());
+  for (std::size_t i = 0; i < schedule.batches.size(); ++i) {
+    const ScheduledBatch& a = schedule.batches[i];
+    const ScheduledBatch& b = again.batches[i];
+    ASSERT_EQ(std::tie(a.src_rank, a.dest_rank, a.batch_index, a.iteration, a.total_nbytes),
+              std::tie(b.src_rank, b.dest_rank, b.batch_index, b.iteration, b.total_nbytes));
+    ASSERT_EQ(a.segments.size(), b.segments.size());
+    for (std::size_t s = 0; s < a.segments.size(); ++s) {
+      EXPECT_EQ(std::tie(a.segments[s].task_id, a.segments[s].task_offset, a.segments[s].slot_offset),
+                std::tie(b.segments[s].task_id, b.segments[s].task_offset, b.segments[s].slot_offset));
+    }
+  }
+}
+
 TEST(CommunicationSchedulerTest, RandomAllToAllIsValidAndDeterministic) {
   std::mt19937_64 random(42);
   for (int world_size : {1, 2, 3, 4, 8}) {
@@ -148,21 +164,24 @@ TEST(CommunicationSchedulerTest, RandomAllToAllIsValidAndDeterministic) {
     // Another rank sees the same all-gathered metadata in another order.
     std::shuffle(sends.begin(), sends.end(), random);
     std::shuffle(receives.begin(), receives.end(), random);
-    const Schedule again = build_schedule(sends, receives, world_size, limits);
-    ASSERT_EQ(again.num_iterations, schedule.num_iterations);
-    ASSERT_EQ(again.batches.size(), schedule.batches.size());
-    for (std::size_t i = 0; i < schedule.batches.size(); ++i) {
-      const ScheduledBatch& a = schedule.batches[i];
-      const ScheduledBatch& b = again.batches[i];
-      ASSERT_EQ(std::tie(a.src_rank, a.dest_rank, a.batch_index, a.iteration, a.total_nbytes),
-                std::tie(b.src_rank, b.dest_rank, b.batch_index, b.iteration, b.total_nbytes));
-      ASSERT_EQ(a.segments.size(), b.segments.size());
-      for (std::size_t s = 0; s < a.segments.size(); ++s) {
-        EXPECT_EQ(std::tie(a.segments[s].task_id, a.segments[s].task_offset, a.segments[s].slot_offset),
-                  std::tie(b.segments[s].task_id, b.segments[s].task_offset, b.segments[s].slot_offset));
-      }
-    }
+    expect_same_schedule(build_schedule(sends, receives, world_size, limits), schedule);
+    // Tasks matched once (as the copy services match them) schedule the same way.
+    expect_same_schedule(schedule_matched_tasks(match_tasks(sends, receives, world_size), world_size, limits),
+                         schedule);
   }
+}
+
+TEST(CommunicationSchedulerTest, MatchedTasksMustBeInIdOrderAndInRange) {
+  const BatchLimits limits{1024, 8};
+  EXPECT_EQ(message_of([&] {
+              schedule_matched_tasks({MatchedTask{5, 8, 0, 1}, MatchedTask{5, 8, 1, 0}}, 2, limits);
+            }),
+            "matched task_id=5 follows task_id=5, expected strictly increasing ids");
+  EXPECT_EQ(message_of([&] { schedule_matched_tasks({MatchedTask{3, 8, 0, 2}}, 2, limits); }),
+            "task_id=3 goes rank 0 -> 2, expected ranks in [0, 2)");
+  const Schedule ok = schedule_matched_tasks({MatchedTask{1, 8, 0, 1}, MatchedTask{4, 8, 1, 1}}, 2, limits);
+  ASSERT_EQ(ok.batches.size(), 1u);  // the same-rank task is not scheduled
+  EXPECT_EQ(ok.batches[0].segments.at(0).task_id, 1u);
 }
 
 TEST(CommunicationSchedulerTest, ARingOfTransfersNeedsOneIterationPerBatch) {

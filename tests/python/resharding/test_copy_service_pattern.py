@@ -7,7 +7,7 @@ import pytest
 
 from tensorxfer.resharding.copy_services import TaskMismatchError
 from tensorxfer.resharding.copy_services.planning import matching
-from tensorxfer.resharding.copy_services.shm import FLAG_IN_SEND_BUFFER
+from tensorxfer.resharding.copy_services._shm_plan import FLAG_IN_SEND_BUFFER
 from tensorxfer.resharding.copy_services._pattern import pattern_for
 
 

@@ -1,9 +1,9 @@
 """The submit queue of the batched copy services (mpi, shm, torch), in one process.
 
-A submit keeps the ops as plain columns until someone reads ``send_ops`` /
-``recv_ops``; these tests pin what the user sees either way: the documented
-SendOp / RecvOp lists, the same checks and messages as before, and what
-``run()`` is handed.
+A submit keeps the ops as plain columns, the queue's only store; these tests
+pin what the user sees: the documented SendOp / RecvOp lists (``send_ops`` /
+``recv_ops``, a view of the columns), the same checks and messages as before,
+and what ``run()`` is handed.
 """
 
 from __future__ import annotations
@@ -12,24 +12,49 @@ import gc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import RecvOp, SendOp, _tensors
-from tensorxfer.resharding.copy_services._queue import QueuedCopyService
+from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
+from tensorxfer.resharding.copy_services.base import CopyService
 
 
-class Recorder(QueuedCopyService):
-    """A QueuedCopyService over 4 ranks whose run() returns the columns it took."""
+class Recorder(CopyService):
+    """A copy service over 4 ranks holding a SubmitQueue, whose run() returns the columns it took."""
 
     backend_name = "Recorder"
+    send_ops = QueueAttribute("send_ops")
+    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self) -> None:
         super().__init__()
         self.world_size = 4
+        self._queue = SubmitQueue(self.backend_name, self.world_size)
+        bind_submits(self, self._queue)
+
+    @property
+    def host_only(self) -> bool:
+        return self._queue.host_only
+
+    @host_only.setter
+    def host_only(self, value: bool) -> None:
+        self._queue.host_only = value
+
+    def submit_send(self, src_tensor, dest_rank, task_id=None):  # type: ignore[override]
+        self._queue.submit_send(src_tensor, dest_rank, task_id)
+
+    def submit_recv(self, dest_tensor, src_rank, task_id=None):  # type: ignore[override]
+        self._queue.submit_recv(dest_tensor, src_rank, task_id)
 
     def run(self):  # type: ignore[override]
         self._check_open("run")
-        return self._take_columns()
+        return self._queue.take()
+
+    def close(self) -> None:
+        self._queue.close()
+        self._closed = True
 
 
 class Tagged(np.ndarray):
@@ -85,7 +110,7 @@ def test_send_ops_and_recv_ops_are_the_documented_lists():
     assert queue.run()[0] == ([5, 6], [a, b], [2, 1])
 
 
-@pytest.mark.parametrize("inspected", [False, True], ids=["columns", "after-reading-send_ops"])
+@pytest.mark.parametrize("inspected", [False, True], ids=["not-read", "after-reading-send_ops"])
 def test_bad_arguments_raise_the_same_errors_and_queue_nothing(inspected):
     queue = Recorder()
     if inspected:
@@ -176,9 +201,11 @@ def test_torch_tensors_are_described_as_the_native_describe_spans_does(monkeypat
                torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.complex64), torch.zeros(2, device="meta")]
     _tensors.normalize_fast(tensors[0], "src_tensor", False, True, "B")  # the queue has met torch
     rows = _core.describe_spans(tensors)
-    with monkeypatch.context() as patch:  # plain torch tensors only: described without the native call
-        patch.setattr(_tensors, "_core", None)
+    calls = []
+    with monkeypatch.context() as patch:  # plain torch tensors only: described by their own methods
+        patch.setattr(_core, "describe_spans", lambda objects: calls.append(objects))
         spans = _tensors.describe_many(tensors)
+    assert calls == []
     assert spans.address.tolist() == rows[:, 0].tolist()
     assert spans.nbytes.tolist() == rows[:, 1].astype(np.int64).tolist() == [4096, 24, 256, 32, 0, 24, 8]
     assert spans.contiguous.tolist() == ((rows[:, 2] & 1) != 0).tolist() == [True, True, False, False, True, True, True]
@@ -203,7 +230,70 @@ def test_repr_counts_the_queue_without_turning_it_into_dataclasses():
         allocated = gc.get_count()[0] - before
     finally:
         gc.enable()
-    assert allocated < 50  # still columns: no SendOp per submit
+    assert allocated < 50  # columns: no SendOp per submit
     assert len(queue.send_ops) == 201 and repr(queue) == "Recorder(rank=0, world_size=4, 201 sends, 2 recvs queued)"
     queue.close()
     assert repr(queue) == "Recorder(rank=0, world_size=4, closed)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["submit", "append", "pop", "insert", "set", "edit", "del_slice", "clear",
+                                           "assign"]),
+                          st.integers(0, 6), st.integers(0, 3), st.integers(-5, 50)), max_size=25))
+def test_send_ops_behaves_as_the_list_it_documents(steps):
+    """Whatever a caller does to send_ops (list operations, edits of an op just read from it,
+    submits in between), run() executes exactly what a plain list of SendOp would hold."""
+    queue = Recorder()
+    tensors = [np.full(3, k, np.uint8) for k in range(7)]
+    model: list = []
+    for action, index, rank, task_id in steps:
+        view = queue.send_ops
+        op = SendOp(task_id, tensors[index], rank)
+        position = index % len(model) if model else None
+        if action == "submit":
+            queue.submit_send(op.tensor, rank, task_id)
+            model.append(SendOp(task_id, op.tensor, rank))
+        elif action == "append":
+            view.append(op)
+            model.append(op)
+        elif action == "insert":
+            view.insert(index, op)
+            model.insert(index, op)
+        elif action == "clear":
+            view.clear()
+            model.clear()
+        elif action == "assign":
+            queue.send_ops = [op, SendOp(task_id + 1, tensors[0], 1)]
+            model = [op, SendOp(task_id + 1, tensors[0], 1)]
+        elif position is None:
+            continue
+        elif action == "pop":
+            assert view.pop(position) == model.pop(position)
+        elif action == "set":
+            view[position] = op
+            model[position] = op
+        elif action == "edit":  # an op read from the list is the queued op
+            view[position].tensor = tensors[index]
+            view[position].dest_rank = rank
+            model[position].tensor = tensors[index]
+            model[position].dest_rank = rank
+        elif action == "del_slice":
+            del view[position:position + 2]
+            del model[position:position + 2]
+        assert queue.send_ops == model and len(queue.send_ops) == len(model)
+    sends, _ = queue.run()
+    assert sends[0] == [op.task_id for op in model] and sends[2] == [op.dest_rank for op in model]
+    assert all(a is op.tensor for a, op in zip(sends[1], model)) and len(sends[1]) == len(model)
+    assert queue.send_ops == []
+
+
+def test_native_torch_description_raises_what_the_tensor_raises():
+    torch = pytest.importorskip("torch")
+    from tensorxfer import _core
+
+    with pytest.raises(RuntimeError, match="data pointer"):  # a sparse tensor has no storage
+        _core.describe_torch_tensors([torch.zeros(2), torch.zeros(3, 3).to_sparse()])
+    with pytest.raises(AttributeError, match="data_ptr"):
+        _core.describe_torch_tensors([object()])
+    rows = _core.describe_torch_tensors([torch.zeros(2, 2).t()])
+    assert rows[:, 1].tolist() == [16] and rows[:, 2].tolist() == [2]  # on the host, not contiguous

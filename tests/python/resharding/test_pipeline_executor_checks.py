@@ -240,3 +240,23 @@ def test_a_system_error_in_one_ranks_construction_fails_every_rank_without_a_tim
     assert isinstance(results[1], OSError), results[1]  # ENOSPC from posix_fallocate
     assert isinstance(results[0], Exception) and "rank 1 failed" in str(results[0]), results[0]
     assert "OSError" in str(results[0])
+
+
+def test_a_barrier_of_one_run_never_completes_another_runs():
+    """The executor's barriers carry the operation they belong to: two ranks whose
+    runs differ (a rank out of step) both raise instead of passing each other's barrier."""
+    from tensorxfer import _core
+    from tensorxfer.errors import TensorxferError
+
+    def body(group: LocalGroup, buffers: DoubleBufferManager) -> Any:
+        executor = PipelineExecutor(HostKernelLauncher([], []), buffers, group.rank)
+        empty = _core.PipelinePlan.from_iterations([])
+        executor._native.execute(empty, 20, 7)  # the same operation on both ranks: passes
+        executor._native.execute(empty, 20, 8 + group.rank)
+        return "returned"
+
+    results = run_ranks(2, body)
+    for rank, result in enumerate(results):
+        assert isinstance(result, TensorxferError) and "ranks out of step" in str(result), (rank, result)
+    assert f"rank 0 left barrier 0 of 1 of operation 8, which rank 1 entered as barrier 0 of 1 of operation 9" \
+        in str(results[0])

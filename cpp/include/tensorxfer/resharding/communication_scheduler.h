@@ -21,9 +21,15 @@ struct Schedule {
 // are outside [0, world_size) or equal (same-rank moves are not scheduled).
 Schedule schedule_batches(std::vector<ScheduledBatch> batches, int world_size);
 
-// The whole pipeline: match_tasks, segment_tasks, pack_segments,
-// schedule_batches. Every rank calls it with the same all-gathered input and
-// gets the same schedule.
+// Steps 2-4 for tasks already matched (once, as match_tasks or find_task_pairs
+// do): segment_tasks, pack_segments, schedule_batches. Task ids must be
+// strictly increasing (match_tasks' order; so each task appears once). Throws
+// InvalidArgument, naming the task, for ids out of order and for a task whose
+// ranks are outside [0, world_size). Same-rank and 0-byte tasks are not scheduled.
+Schedule schedule_matched_tasks(const std::vector<MatchedTask>& tasks, int world_size, const BatchLimits& limits);
+
+// The whole pipeline: match_tasks, then schedule_matched_tasks. Every rank
+// calls it with the same all-gathered input and gets the same schedule.
 Schedule build_schedule(const std::vector<TaskEndpoint>& sends, const std::vector<TaskEndpoint>& receives,
                         int world_size, const BatchLimits& limits);
 

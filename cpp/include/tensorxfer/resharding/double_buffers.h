@@ -6,7 +6,12 @@
 
 #include <cstddef>
 
+#include "tensorxfer/sync/shared_word.h"
+
 namespace tensorxfer::resharding {
+
+// Words of one barrier's operation tag: operation, barrier index, barrier count.
+inline constexpr std::size_t kTagWords = 3;
 
 // Implemented over memory every rank maps (collectives::IpcMemory in
 // production, plain buffers shared by threads in tests). Every pointer stays
@@ -27,6 +32,10 @@ class DoubleBuffers {
   // Receive slot `index` of rank `pe`, as mapped in this process (pe may be
   // this rank: then receive_slot(index)).
   virtual std::byte* peer_receive_slot(int pe, int index) noexcept = 0;
+  // Rank `pe`'s kTagWords operation-tag words for barriers of parity 0 or 1,
+  // in memory every rank sees; zero at first.
+  // The executor tags its barriers with them (PipelineExecutor::execute_pipeline).
+  virtual sync::SharedWord64* operation_tag(int pe, int parity) noexcept = 0;
   // Collective: returns once every rank of the group has entered the same
   // number of barriers; everything a rank wrote before entering is visible to
   // every rank after leaving. Throws Timeout or PeerLost instead of hanging.

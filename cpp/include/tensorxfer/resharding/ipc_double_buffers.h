@@ -1,6 +1,6 @@
 // DoubleBuffers over an IpcMemory every rank of a LocalGroup maps: rank r's
-// data region holds [send slot 0 | send slot 1 | receive slot 0 | receive slot 1],
-// and barrier() is the group's barrier.
+// data region holds [send slot 0 | send slot 1 | receive slot 0 | receive slot 1 |
+// operation tags (64 bytes)], and barrier() is the group's barrier.
 #pragma once
 
 #include <chrono>
@@ -33,6 +33,9 @@ class IpcDoubleBuffers final : public DoubleBuffers {
   std::byte* receive_slot(int index) noexcept override { return peer_receive_slot(memory_.worker_id, index); }
   std::byte* peer_receive_slot(int pe, int index) noexcept override {
     return region(pe) + (2 + index) * slot_nbytes_;
+  }
+  sync::SharedWord64* operation_tag(int pe, int parity) noexcept override {
+    return reinterpret_cast<sync::SharedWord64*>(region(pe) + 4 * slot_nbytes_) + kTagWords * parity;
   }
   void barrier() override;
 

@@ -2,21 +2,29 @@
 // double-buffered slots, the host counterpart of the NVSHMEM pipeline.
 //
 // For each iteration i, on every rank:
-//   1. pack iteration i+1 into send slot (i+1)%2          (async, pack stream)
-//   2. unpack iteration i-1 from receive slot (i-1)%2     (async, unpack stream)
-//   3. send iteration i: copy send slot i%2 into the destination's receive slot i%2
-//   4. wait for 1 and 2
-//   5. barrier
+//   1. pack iteration i straight into the destination's receive slot i%2  (async, pack stream)
+//   2. unpack iteration i-1 from this rank's receive slot (i-1)%2          (async, unpack stream)
+//   3. wait for 1 and 2
+//   4. barrier
 // After the last iteration its batch is unpacked and a final barrier ends the
-// run. Why no slot is overwritten early: receive slot (i+1)%2 is written by
-// peers in step 3 of iteration i+1, after they left the barrier of iteration
-// i, which every rank entered only after finishing the unpack of iteration
-// i-1 from that same slot (step 4). (Waiting after the barrier instead, as
-// the upstream stage list reads, lets a fast peer overwrite the slot while it
-// is still being unpacked: the threaded test catches that.) Send slot (i+1)%2
-// was last read in step 3 of iteration i-1, before step 1 of iteration i. The
-// final barrier keeps the next run from writing a receive slot that is still
-// being unpacked.
+// run. Each byte is copied twice (into the peer's slot, out of this rank's),
+// not three times as through a send slot first. Why no slot is overwritten
+// early: receive slot i%2 is written by a peer in step 1 of iteration i, after
+// it left the barrier of iteration i-1, which every rank entered only after
+// finishing the unpack of iteration i-2 from that same slot (step 3). (Waiting
+// after the barrier instead lets a fast peer overwrite the slot while it is
+// still being unpacked: the threaded test catches that.) The final barrier
+// keeps the next run from writing a receive slot that is still being unpacked.
+//
+// Every barrier carries the identity of the operation it belongs to: the
+// caller's `operation` (the same on every rank, different for each run), the
+// barrier's index in it and how many it has. A rank writes them into its tag words before it
+// enters, and after leaving reads every rank's: a barrier completed by ranks
+// in different operations (a rank out of step after a failure on one side)
+// throws tensorxfer::Error on every rank that sees it instead of going on
+// with stale slots. Tags alternate between two word pairs, so a peer already
+// tagging its next barrier cannot overwrite the one being checked.
+// The send slots serve launch_pack, the stage step of the Python executor.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +79,7 @@ class PipelineExecutor {
   // what DoubleBuffers::barrier throws (Timeout, PeerLost) after draining the
   // streams, so nothing touches task memory once it returns or throws.
   void execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
-                        const TaskMemoryMap& receives);
+                        const TaskMemoryMap& receives, uint64_t operation);
 
   // The checks execute_pipeline makes before anything moves, alone (throws
   // what it would throw; moves nothing).
@@ -91,10 +99,15 @@ class PipelineExecutor {
   void check_open(const char* operation) const;
   void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
+  // Barrier `barrier` of the `barriers` of `operation` (see the file comment).
+  void tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers);
+  // Enqueues packing `batch` (checked) into `slot` on the pack stream.
+  void pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends);
 
   copy::CopyEngine& engine_;
   DoubleBuffers& buffers_;
   int my_pe_;
+  uint64_t entered_ = 0;  // tagged barriers entered: their parity picks the tag words
   runtime::HostStream pack_stream_;
   runtime::HostStream unpack_stream_;
 };

@@ -1,20 +1,21 @@
-"""Moving a plan's windows as messages: the mpi and torch backends (private).
+"""Moving a plan's windows as messages: the mover of the mpi and torch backends (private).
 
-The run protocol (_run_protocol) agrees on the batch and reuses the plan; this
-module plans with the shared steps (matching, windows, coalescing) and moves the
-plan's windows one after the other: post the receives, pack small tasks per peer
-(natively, GIL released), post the sends, wait for all of them under the deadline
-while watching peers, unpack and copy staged receives back.
+The run protocol (_run_protocol) agrees on the batch and reuses the plan; a
+:class:`MessageExecutor` plans with the shared steps (matching, windows,
+coalescing) and moves the plan's windows one after the other: post the
+receives, pack small tasks per peer (natively, GIL released), post the sends,
+wait for all of them under the deadline while watching peers, unpack and copy
+staged receives back.
 
-A backend provides the transport: an all-gather of bytes in non-blocking steps,
-staging buffers, non-blocking sends and receives of byte ranges, and a wait.
+It holds the backend's :class:`MessageTransport`: an all-gather of bytes in
+non-blocking steps, staging buffers, non-blocking sends and receives of byte
+ranges, and a wait.
 """
 
 from __future__ import annotations
 
-import abc
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -24,54 +25,73 @@ from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors, planning
 from tensorxfer.resharding.copy_services.planning import coalescing
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._run_protocol import BatchedCopyService
+from tensorxfer.resharding.copy_services._run_protocol import positive
 
 # One message as the transport posts it: (peer, tag, contiguous tensor, address, nbytes).
 Posting = Tuple[int, int, Any, int, int]
 
 
-class MessageCopyService(BatchedCopyService):
-    """A batched copy service whose transport moves tagged messages between ranks."""
+class MessageTransport(Protocol):
+    """What a message backend provides (mpi4py, torch.distributed)."""
 
-    # ---- transport (backends) ---------------------------------------------------------
-
-    @abc.abstractmethod
-    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
+    def start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
         """Starts gathering every rank's ``data``: (requests to wait on, a function
         returning the list of bytes by rank once they completed, or a further
         (requests, function) step). ``fixed``: every rank passes as many bytes."""
 
-    @abc.abstractmethod
-    def _new_staging(self, nbytes: int, like: Any) -> Any:
+    def new_staging(self, nbytes: int, like: Any) -> Any:
         """A contiguous uint8 buffer of nbytes on the device of ``like`` (a user tensor)."""
 
-    @abc.abstractmethod
-    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
+    def post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         """Posts receives then sends of one window (the message being the first
         nbytes of each tensor); returns requests."""
 
-    @abc.abstractmethod
-    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
-              peers: Optional[List[int]]) -> None:
+    def wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+             peers: Optional[List[int]]) -> None:
         """Returns once every request completed; TimeoutError at the deadline,
         PeerLostError when a peer died (see :func:`poll_until_done`)."""
 
-    # ---- the run protocol's steps ---------------------------------------------------------
 
-    def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        requests, finish = self._start_all_gather(data, fixed)
+class MessageExecutor:
+    """The run protocol's mover for a message transport (see the module docstring).
+
+    ``max_window_tasks`` / ``max_window_bytes`` bound a window; tasks under
+    ``coalesce_bytes`` are packed per peer and window into one message.
+    """
+
+    def __init__(self, backend_name: str, rank: int, transport: MessageTransport, *,
+                 max_window_tasks: int = 65536, max_window_bytes: int = 256 << 20,
+                 coalesce_bytes: int = 128 << 10) -> None:
+        self.backend_name = backend_name
+        self.rank = rank
+        self.transport = transport
+        self.max_window_tasks = positive(max_window_tasks, "max_window_tasks")
+        self.max_window_bytes = positive(max_window_bytes, "max_window_bytes")
+        self.coalesce_bytes = positive(coalesce_bytes, "coalesce_bytes")
+
+    def plan_options(self) -> Dict[str, Optional[int]]:
+        """The options that shape the plan: every rank must pass the same values."""
+        return {"max_window_tasks": self.max_window_tasks, "max_window_bytes": self.max_window_bytes,
+                "coalesce_bytes": self.coalesce_bytes}
+
+    def gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
+        """The run protocol's all-gather, on the transport's non-blocking steps."""
+        requests, finish = self.transport.start_all_gather(data, fixed)
         while True:
-            self._wait(requests, deadline, timeout, "the all-gather of the batch's metadata", None)
+            self.transport.wait(requests, deadline, timeout, "the all-gather of the batch's metadata", None)
             result = finish()
             if not isinstance(result, tuple):
                 return result
             requests, finish = result  # a further step
 
-    def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> coalescing.Plan:
+    def send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        return None  # the plan does not depend on where a source lies
+
+    def build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> coalescing.Plan:
         return planning.build_plan(self.backend_name, self.rank, tables, digests, self.max_window_tasks,
                                    self.max_window_bytes, self.coalesce_bytes)
 
-    def _execute(self, plan: coalescing.Plan, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
+    def execute(self, plan: coalescing.Plan, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
                  recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
                  timeout: Optional[float]) -> None:
         """Moves the remote ops (tensors and spans in the order of the plan's local indices)."""
@@ -106,9 +126,9 @@ class MessageCopyService(BatchedCopyService):
             for single in window.sends_single:
                 posted_sends.append((single.peer, single.tag, send_objects[single.local_index],
                                      int(send_addresses[single.local_index]), single.nbytes))
-            requests = self._post(posted_sends, posted_recvs)
+            requests = self.transport.post(posted_sends, posted_recvs)
             peers = sorted({item[0] for item in posted_sends} | {item[0] for item in posted_recvs})
-            self._wait(requests, deadline, timeout, "the batch's transfers", peers)
+            self.transport.wait(requests, deadline, timeout, "the batch's transfers", peers)
             for message, buffer in after:
                 if all_host:
                     _core.unpack_spans(buffer, recv_addresses[message.local_indices], message.nbytes, engine)
@@ -119,7 +139,7 @@ class MessageCopyService(BatchedCopyService):
     def _staging(self, plan: coalescing.Plan, kind: str, peer: int, nbytes: int, like: Any) -> Any:
         buffer = plan.staging.get((kind, peer))
         if buffer is None:
-            buffer = self._new_staging(nbytes, like)
+            buffer = self.transport.new_staging(nbytes, like)
             plan.staging[(kind, peer)] = buffer
         return buffer
 

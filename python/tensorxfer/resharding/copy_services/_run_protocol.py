@@ -1,4 +1,4 @@
-"""The run protocol shared by the copy services that move bytes between processes (private).
+"""The run protocol every copy service that moves bytes between processes holds (private).
 
 A run: (1) same-rank pairs are matched (match_local_ops_by_task_id) and byte
 sizes checked; (2) every rank all-gathers a digest of its remote ops and the
@@ -13,16 +13,16 @@ Every metadata all-gather carries the identity of the operation it belongs to
 completing a peer's pending step. A failure the ranks did not agree on breaks
 the service: it cannot run again.
 
-Backends provide the steps that depend on the transport: a blocking all-gather
-of bytes, planning from the gathered tables, and moving the plan's remote ops.
+A backend builds a :class:`RunProtocol` from its transport's steps: a blocking
+all-gather of bytes, planning from the gathered tables, and moving the plan's
+remote ops (see :class:`Mover`).
 """
 
 from __future__ import annotations
 
-import abc
 import struct
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -30,67 +30,76 @@ from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services.planning import matching, plan_cache
 from tensorxfer.resharding.copy_services._liveness import PeerWatch, own_identity
 from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
-from tensorxfer.resharding.copy_services._queue import Columns, QueuedCopyService
-from tensorxfer.resharding.copy_services.base import (
-    DEFAULT_TIMEOUT,
-    TaskMismatchError,
-    check_timeout,
-)
+from tensorxfer.resharding.copy_services._queue import Columns
+from tensorxfer.resharding.copy_services.base import TaskMismatchError, check_timeout
 
-_UNSET: Any = object()
+UNSET: Any = object()  # run()'s timeout argument when not given
 # Which collective step a metadata all-gather belongs to (with the run index, its identity).
 _STEP_CONSTRUCTION, _STEP_AGREEMENT, _STEP_TABLES, _STEP_STATUS, _STEP_DIRECT_ADDRESSES = 1, 2, 3, 4, 5
 
 
-def _positive(value: Any, argument: str) -> int:
+def positive(value: Any, argument: str) -> int:
+    """``value`` as an int >= 1; ValueError naming ``argument`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{argument}: expected an integer >= 1, got {value!r}")
     return int(value)
 
 
-class BatchedCopyService(QueuedCopyService):
-    """Base of the multi-process backends: windows, coalescing, size agreement, plan reuse.
+class Mover(Protocol):
+    """What a backend's transport does in a run (the rest is the protocol's)."""
 
+    def send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        """The FLAGS column for the sends ``spans[rows]`` (this rank's remote sends), or
+        None for none: a backend whose plan depends on where a source lies says so here."""
+
+    def build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
+        """This rank's plan from every rank's op tables (the same input on every rank);
+        ``.has_remote_work`` says whether ``execute`` has anything to do."""
+
+    def execute(self, plan: Any, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
+                recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
+                timeout: Optional[float]) -> None:
+        """Moves the remote ops (tensors and spans in the order of the plan's local indices)."""
+
+
+Gather = Callable[[bytes, bool, Optional[float], Optional[float]], List[bytes]]
+
+
+class RunProtocol:
+    """Agreement, plan reuse and failure handling of a multi-process backend's runs.
+
+    ``gather(data, fixed, deadline, timeout)``: every rank's ``data`` in rank
+    order (``fixed``: every rank passes as many bytes); TimeoutError at the
+    deadline, PeerLostError when a peer died. ``plan_options``: the options that
+    shape the plan, compared on every rank at construction (a collective step).
     ``timeout``: seconds a run waits for its peers (None = forever, still
-    watching same-host peers and Ctrl-C). ``max_window_tasks`` /
-    ``max_window_bytes`` bound a window; tasks under ``coalesce_bytes`` are
-    packed per peer and window into one message.
+    watching same-host peers and Ctrl-C). ``on_broken``: called once a run
+    failed in a way the ranks did not agree on.
     """
 
-    def __init__(
-        self,
-        group: Any = None,
-        *,
-        timeout: Optional[float] = DEFAULT_TIMEOUT,
-        max_window_tasks: int = 65536,
-        max_window_bytes: int = 256 << 20,
-        coalesce_bytes: int = 128 << 10,
-    ) -> None:
-        super().__init__(group)
-        self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
-        self.max_window_tasks = _positive(max_window_tasks, "max_window_tasks")
-        self.max_window_bytes = _positive(max_window_bytes, "max_window_bytes")
-        self.coalesce_bytes = _positive(coalesce_bytes, "coalesce_bytes")
+    def __init__(self, backend_name: str, rank: int, world_size: int, gather: Gather,
+                 plan_options: Dict[str, Optional[int]], timeout: Optional[float],
+                 on_broken: Optional[Callable[[], None]] = None) -> None:
+        self.backend_name = backend_name
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.mover: Optional[Mover] = None  # set by the backend once its transport exists
+        self._gather = gather
+        self._on_broken = on_broken
         self._plans = plan_cache.PlanCache()
-        self._broken: Optional[str] = None
+        self.broken: Optional[str] = None
         self._agreed_error: Optional[BaseException] = None  # the last error every rank raised alike
         self._run_index = 0  # run() calls that reached the agreement, the same on every rank
         self._pattern: Optional[OpPattern] = None  # the last run's (see _pattern)
-        self._watch: Optional[PeerWatch] = None
-        self._watch = self._agree_at_construction()
+        self.watch = self._agree_at_construction(plan_options)
 
-    def _plan_options(self) -> Dict[str, Optional[int]]:
-        """The options that shape the plan: every rank must pass the same values."""
-        return {"max_window_tasks": self.max_window_tasks, "max_window_bytes": self.max_window_bytes,
-                "coalesce_bytes": self.coalesce_bytes}
-
-    def _agree_at_construction(self) -> PeerWatch:
+    def _agree_at_construction(self, options: Dict[str, Optional[int]]) -> PeerWatch:
         """All-gathers the plan options and the ranks' identities: ValueError on every
         rank naming both values when an option differs; the PeerWatch otherwise."""
-        options = self._plan_options()
         encoded = struct.pack(f"<{len(options)}q", *(-1 if value is None else value for value in options.values()))
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        gathered = self._all_gather(_STEP_CONSTRUCTION, encoded + own_identity(), deadline, self.timeout)
+        gathered = self.all_gather(_STEP_CONSTRUCTION, encoded + own_identity(), deadline, self.timeout)
         mine = struct.unpack_from(f"<{len(options)}q", encoded)
         for rank, data in enumerate(gathered):
             theirs = struct.unpack_from(f"<{len(options)}q", data)
@@ -103,39 +112,16 @@ class BatchedCopyService(QueuedCopyService):
                                      f"passed {shown[0]}, rank {high} passed {shown[1]}")
         return PeerWatch([bytes(data[len(encoded):]) for data in gathered])
 
-    # ---- the backend's steps -------------------------------------------------------
-
-    @abc.abstractmethod
-    def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        """Every rank's ``data`` in rank order (``fixed``: every rank passes as many
-        bytes); TimeoutError at the deadline, PeerLostError when a peer died."""
-
-    @abc.abstractmethod
-    def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> Any:
-        """This rank's plan from every rank's op tables (the same input on every rank);
-        ``.has_remote_work`` says whether ``_execute`` has anything to do."""
-
-    @abc.abstractmethod
-    def _execute(self, plan: Any, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
-                 recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
-                 timeout: Optional[float]) -> None:
-        """Moves the remote ops (tensors and spans in the order of the plan's local indices)."""
-
-    def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
-        """The FLAGS column for the sends ``spans[rows]`` (this rank's remote sends), or
-        None for none. A backend whose plan depends on where a source lies says so here."""
-        return None
-
     def close(self) -> None:
-        """Release staging buffers and plans; later calls raise tensorxfer.ClosedError."""
+        """Drops the cached plan (and its staging buffers) and pattern."""
         self._plans.clear()
         self._pattern = None
-        super().close()
 
     # ---- run ------------------------------------------------------------------------
 
-    def run(self, timeout: Optional[float] = _UNSET) -> None:
-        """Execute every submitted op as one batch (collective: every rank calls it), then clear the queue.
+    def run(self, take: Callable[[], Tuple[Columns, Columns]], timeout: Optional[float] = UNSET) -> None:
+        """Execute the ops ``take()`` returns (the queue's, which it empties) as one batch
+        (collective: every rank calls it).
 
         Raises TaskMismatchError (ops that do not pair up) or the error of a rank
         that could not take part (a bad tensor) on every rank, before any byte
@@ -144,28 +130,27 @@ class BatchedCopyService(QueuedCopyService):
         died; a failed transfer or copy; KeyboardInterrupt) leaves this rank's
         peers unable to finish the batch, so the service cannot run again.
         """
-        self._check_open("run")
-        if self._broken is not None:
-            raise RuntimeError(f"{self.backend_name}.run(): an earlier run failed ({self._broken}); close this service")
-        timeout = self.timeout if timeout is _UNSET else check_timeout(timeout, f"{self.backend_name}.run")
+        if self.broken is not None:
+            raise RuntimeError(f"{self.backend_name}.run(): an earlier run failed ({self.broken}); close this service")
+        timeout = self.timeout if timeout is UNSET else check_timeout(timeout, f"{self.backend_name}.run")
         deadline = None if timeout is None else time.monotonic() + timeout
-        sends, recvs = self._take_columns()
+        sends, recvs = take()
         try:
             self._run(sends, recvs, deadline, timeout)
         except BaseException as error:
             if error is not self._agreed_error:
                 # Peers may be waiting on this rank, requests may still be posted into
                 # user memory: this service cannot run again.
-                self._broken = f"{type(error).__name__}: {error}"
-                self._on_broken()
+                self.broken = f"{type(error).__name__}: {error}"
+                if self._on_broken is not None:
+                    self._on_broken()
             raise
         finally:
             self._agreed_error = None
 
-    def _on_broken(self) -> None:
-        """Called once a run failed in a way the ranks did not agree on."""
-
     def _run(self, sends: Columns, recvs: Columns, deadline: Optional[float], timeout: Optional[float]) -> None:
+        mover = self.mover
+        assert mover is not None, "the backend sets RunProtocol.mover before its first run"
         local_error: Optional[BaseException] = None
         digest = bytes(16)
         try:
@@ -176,7 +161,7 @@ class BatchedCopyService(QueuedCopyService):
             self._pattern = pattern if pattern.match_error is None else None
             local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
             send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes,
-                                                            self._send_flags(send_spans, pattern.sends.remote))
+                                                            mover.send_flags(send_spans, pattern.sends.remote))
         except Exception as error:  # a tensor this rank cannot describe: agreed like a mismatch
             local_error = error
         digests = self._agree(digest, local_error, deadline, timeout)
@@ -184,11 +169,11 @@ class BatchedCopyService(QueuedCopyService):
         plan = self._plans.get(digests)
         if plan is None:
             self._plans.clear()
-            tables_data = self._all_gather(_STEP_TABLES, matching.encode_tables(send_table, recv_table),
+            tables_data = self.all_gather(_STEP_TABLES, matching.encode_tables(send_table, recv_table),
                                            deadline, timeout)
             tables = [matching.decode_tables(data) for data in tables_data]
             try:
-                plan = self._build_plan(tables, digests)
+                plan = mover.build_plan(tables, digests)
             except TaskMismatchError as error:  # every rank plans from the same tables: agreed
                 self._agreed_error = error
                 raise
@@ -199,7 +184,7 @@ class BatchedCopyService(QueuedCopyService):
         if plan.has_remote_work:
             send_tensors, send_spans = pattern.sends.remote_part(sends[1], send_spans)
             recv_tensors, recv_spans = pattern.recvs.remote_part(recvs[1], recv_spans)
-            self._execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
+            mover.execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
 
     def _agree(self, digest: bytes, local_error: Optional[BaseException], deadline: Optional[float],
                timeout: Optional[float]) -> List[bytes]:
@@ -218,7 +203,7 @@ class BatchedCopyService(QueuedCopyService):
             raise self._agreed_error
         return digests
 
-    def _agree_on_step(self, what: str, local_error: Optional[BaseException], deadline: Optional[float],
+    def agree_on_step(self, what: str, local_error: Optional[BaseException], deadline: Optional[float],
                        timeout: Optional[float]) -> None:
         """Tells every rank whether ``what`` failed on any rank: raises this rank's error,
         or RuntimeError naming the first rank that failed, on every rank alike."""
@@ -235,14 +220,14 @@ class BatchedCopyService(QueuedCopyService):
         """Every rank's fixed-size ``record`` and error text ("" for none): one fixed-size
         step, and the texts in a second one only when some rank has one."""
         message = b"" if local_error is None else (str(local_error) or type(local_error).__name__).encode()
-        records = self._all_gather(step, record + struct.pack("<Q", len(message)), deadline, timeout, fixed=True)
+        records = self.all_gather(step, record + struct.pack("<Q", len(message)), deadline, timeout, fixed=True)
         texts = [""] * len(records)
         if any(struct.unpack_from("<Q", data, len(record))[0] for data in records):
             texts = [bytes(data).decode(errors="replace")
-                     for data in self._all_gather(step, message, deadline, timeout)]
+                     for data in self.all_gather(step, message, deadline, timeout)]
         return [(bytes(data[:len(record)]), text) for data, text in zip(records, texts)]
 
-    def _all_gather(self, step: int, data: bytes, deadline: Optional[float], timeout: Optional[float],
+    def all_gather(self, step: int, data: bytes, deadline: Optional[float], timeout: Optional[float],
                     fixed: bool = False) -> List[bytes]:
         """Every rank's ``data``, each gathered with the identity of the operation it
         belongs to (the run and its step): a rank out of step raises RuntimeError."""
@@ -256,8 +241,11 @@ class BatchedCopyService(QueuedCopyService):
         return [bytes(item[16:]) for item in result]
 
     @property
+    def run_index(self) -> int:
+        """The runs that reached the agreement: the same on every rank, the identity of the current one."""
+        return self._run_index
+
+    @property
     def plans_built(self) -> int:
         """How many runs had to build their plan (the rest reused one)."""
         return self._plans.plans_built
-
-    # ---- local copies -----------------------------------------------------------------

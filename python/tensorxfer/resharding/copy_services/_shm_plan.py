@@ -79,3 +79,12 @@ def build_shm_plan(backend: str, me: int, world_size: int, tables: Sequence[Tupl
         direct_recv_src=src[direct & (dst == me)],
     )
 
+
+def published_for_receives(backend: str, plan: ShmPlan, rows: np.ndarray) -> np.ndarray:
+    """The rows senders published (task, address, offset in the send buffer; sorted by
+    task) for this rank's direct receives, in plan.direct_recv_ids order."""
+    wanted = plan.direct_recv_ids.astype(np.uint64)
+    where = np.searchsorted(rows[:, 0], wanted)
+    if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, max(rows.shape[0] - 1, 0)), 0] != wanted):
+        raise RuntimeError(f"{backend}: a sender did not publish the address of a direct task")
+    return rows[where]

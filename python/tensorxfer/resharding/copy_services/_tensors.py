@@ -107,27 +107,19 @@ _CONTIGUOUS, _HOST, _UNKNOWN = 1, 2, 8
 
 
 def describe_many(objects: list) -> Spans:
-    """describe() of every normalized tensor in ``objects``: natively (one call), or, when
-    they are all plain torch tensors, with one map per field (a native call per
-    tensor and field through pybind11 costs several times more)."""
+    """describe() of every normalized tensor in ``objects``, natively (one call; plain torch
+    tensors through their own methods, the rest through the buffer protocol)."""
     tensor_type = torch_tensor_type()
     if objects and type(objects[0]) is tensor_type and set(map(type, objects)) == {tensor_type}:
-        return _describe_torch_tensors(objects)
-    rows = _core.describe_spans(objects)
-    for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
-        info = describe(objects[int(i)])
-        rows[i] = (info.address, info.nbytes, (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
+        rows = _core.describe_torch_tensors(objects)
+    else:
+        rows = _core.describe_spans(objects)
+        for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
+            info = describe(objects[int(i)])
+            rows[i] = (info.address, info.nbytes,
+                       (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
     flags = rows[:, 2]
     return Spans(rows[:, 0].copy(), rows[:, 1].astype(np.int64), (flags & _CONTIGUOUS) != 0, (flags & _HOST) != 0)
-
-
-def _describe_torch_tensors(tensors: list) -> Spans:
-    tensor = _torch().Tensor
-    count = len(tensors)
-    return Spans(np.fromiter(map(tensor.data_ptr, tensors), np.uint64, count),
-                 np.fromiter([t.nbytes for t in tensors], np.int64, count),
-                 np.fromiter(map(tensor.is_contiguous, tensors), bool, count),
-                 np.fromiter([t.is_cpu for t in tensors], bool, count))
 
 
 def contiguous(obj: Any) -> Any:

@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
-from tensorxfer.resharding.copy_services._queue import QueuedCopyService
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToQueue
 
 
-class LocalCopyService(QueuedCopyService):
+class LocalCopyService(ForwardsToQueue):
     """Same-process copies by task id.
 
     ``group``: None means world size 1, rank 0; a torch.distributed process
@@ -26,25 +26,18 @@ class LocalCopyService(QueuedCopyService):
 
     backend_name = "LocalCopyService"
     requires_process_group_barrier = False  # nothing crosses processes
-    host_only = False  # tensors on a device are copied by torch
 
     def __init__(self, group: Any = None) -> None:
         super().__init__(group)
+        # Tensors on a device are copied by torch.
+        self._hold_queue(host_only=False, peers=(self.rank, self.rank + 1),
+                         same_rank_message=f"LocalCopyService copies within rank {self.rank} only")
         self._pattern: Optional[OpPattern] = None
 
-    def _check_same_rank(self, rank: Any, argument: str) -> None:
-        if type(rank) is int and rank != self.rank and 0 <= rank < self.world_size:
-            raise ValueError(f"{argument}: LocalCopyService copies within rank {self.rank} only, got rank {rank}")
-
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` for the receive of the same task id on this rank."""
-        self._check_same_rank(dest_rank, "dest_rank")
-        super().submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive the send of the same task id on this rank."""
-        self._check_same_rank(src_rank, "src_rank")
-        super().submit_recv(dest_tensor, src_rank, task_id)
+    def close(self) -> None:
+        """Drops the queued ops; later calls raise tensorxfer.ClosedError."""
+        self._closed = True
+        self._queue.close()
 
     def run(self) -> None:
         """Copy every queued send into the receive of the same task id, then clear the queue.
@@ -53,7 +46,7 @@ class LocalCopyService(QueuedCopyService):
         when a pair differs in byte size; nothing is copied then.
         """
         self._check_open("run")
-        sends, recvs = self._take_columns()
+        sends, recvs = self._queue.take()
         pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
         self._pattern = pattern if pattern.match_error is None else None
         if pattern.match_error is not None:

@@ -13,7 +13,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting, poll_until_done
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
+from tensorxfer.resharding.copy_services._liveness import PeerWatch
+from tensorxfer.resharding.copy_services._messages import Posting, poll_until_done
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
@@ -27,13 +29,14 @@ def _mpi() -> Any:
     return MPI
 
 
-class MpiCopyService(MessageCopyService):
+class MpiCopyService(ForwardsToProtocol):
     """Batched send/recv by task id over an mpi4py communicator.
 
     ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
     matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
     of the communicator must call ``run()`` for each batch. Host tensors only.
-    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
+    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
+    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
     """
 
     backend_name = "MpiCopyService"
@@ -49,30 +52,45 @@ class MpiCopyService(MessageCopyService):
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm: expected an mpi4py intracommunicator or None, got {type(comm).__name__}")
-        self._MPI = MPI
-        self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
-        self._user_comm = comm
-        self._comm: Any = None  # private duplicate, made by the first run
-        self._tag_bound = int(comm.Get_attr(MPI.TAG_UB) or 32767) + 1
-        super().__init__(comm, timeout=timeout, **options)
+        super().__init__(comm)
+        self._transport = _MpiTransport(MPI, comm, self.rank, self.world_size)
+        self._hold_message_steps(self._transport, timeout, options)
 
     def close(self) -> None:
         """Free the private communicator; later calls raise tensorxfer.ClosedError."""
+        self._transport.free(unless_broken=self._protocol.broken is not None)
+        self._close_steps()
+
+
+class _MpiTransport:
+    """Messages on a private duplicate of the communicator (a MessageTransport)."""
+
+    def __init__(self, MPI: Any, comm: Any, rank: int, world_size: int) -> None:
+        self._MPI = MPI
+        self._buffer = getattr(MPI, "buffer", None) or MPI.memory  # mpi4py 4 renamed memory to buffer
+        self._user_comm = comm
+        self._comm: Any = None  # private duplicate, made by the first all-gather
+        self._tag_bound = int(comm.Get_attr(MPI.TAG_UB) or 32767) + 1
+        self.backend_name = "MpiCopyService"
+        self.rank, self.world_size = rank, world_size
+        self.watch: Optional[PeerWatch] = None  # set once the ranks exchanged identities
+
+    def free(self, unless_broken: bool) -> None:
+        """Frees the private communicator (left alone after a failure peers did not share)."""
         comm, self._comm = self._comm, None
-        if comm is not None and not self._MPI.Is_finalized() and self._broken is None:
+        if comm is not None and not self._MPI.Is_finalized() and not unless_broken:
             comm.Free()
-        super().close()
 
     # ---- transport ----------------------------------------------------------------------
 
-    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
+    def start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
         MPI = self._MPI
         if self._comm is None:
             duplicate, request = self._user_comm.Idup()
 
             def after_dup() -> Any:
                 self._comm = duplicate
-                return self._start_all_gather(data, fixed)
+                return self.start_all_gather(data, fixed)
 
             return [request], after_dup
         comm = self._comm
@@ -100,10 +118,10 @@ class MpiCopyService(MessageCopyService):
 
         return [request], gather_data
 
-    def _new_staging(self, nbytes: int, like: Any) -> Any:
+    def new_staging(self, nbytes: int, like: Any) -> Any:
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
+    def post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         MPI = self._MPI
         comm = self._comm
         requests = []
@@ -115,9 +133,9 @@ class MpiCopyService(MessageCopyService):
             requests.append(comm.Isend([buffer, nbytes, MPI.BYTE], dest=peer, tag=tag % self._tag_bound))
         return requests
 
-    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
-              peers: Optional[List[int]]) -> None:
-        poll_until_done(self._test_all, self._abandon, requests, self._watch, self.backend_name, self.rank,
+    def wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+             peers: Optional[List[int]]) -> None:
+        poll_until_done(self._test_all, self._abandon, requests, self.watch, self.backend_name, self.rank,
                         self.world_size, deadline, timeout, what, peers)
 
     def _test_all(self, requests: List[Any]) -> bool:

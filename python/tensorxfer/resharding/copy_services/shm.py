@@ -17,8 +17,8 @@ backends; the remote tasks then move in two ways:
   permitted wherever the ranks share memory);
 * everything else through the pipeline executor: a schedule every rank
   computes alike packs tasks into batches, and double-buffered slots in an
-  :class:`~tensorxfer.runtime.IpcMemory` move them (pack next, unpack previous,
-  copy this one into the peer's receive slot, barrier).
+  :class:`~tensorxfer.runtime.IpcMemory` move them (pack this batch straight
+  into the peer's receive slot, unpack the previous one, barrier).
 
 Host tensors only (numpy arrays, CPU torch tensors).
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,21 +35,20 @@ import numpy as np
 from tensorxfer import _core
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _ptracer, _tensors
-from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, BatchedCopyService
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
+from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, RunProtocol
 from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
-from tensorxfer.resharding.copy_services._shm_plan import FLAG_IN_SEND_BUFFER, ShmPlan, build_shm_plan
+from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER, SendBuffers
+from tensorxfer.resharding.copy_services._shm_plan import ShmPlan, build_shm_plan, published_for_receives
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
+from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, check_timeout
 from tensorxfer.runtime.group import LocalGroup
-from tensorxfer.runtime.ipc_memory import IpcMemory, typed_view
+from tensorxfer.runtime.ipc_memory import IpcMemory
 
 #: Bytes of one pipeline slot (each rank maps two send and two receive slots).
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
-#: What a sender publishes for a task whose source is not in its shared send buffer.
-_NOT_IN_BUFFER = np.uint64(2**64 - 1)
-_PAGE = 4096
 
 
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
@@ -64,7 +64,7 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
     return LocalGroup.from_torch(group, timeout=timeout), True
 
 
-class ShmCopyService(BatchedCopyService):
+class ShmCopyService(ForwardsToProtocol):
     """Batched send/recv among the ranks of one host through shared memory.
 
     ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
@@ -103,14 +103,21 @@ class ShmCopyService(BatchedCopyService):
         local, self._owns_group = as_local_group(group, timeout)
         self._local = local
         try:
-            # Compares the plan-shaping options on every rank before anything is mapped.
-            super().__init__(group, timeout=timeout)
+            super().__init__(group)
             self.rank, self.world_size = local.rank, local.world_size
+            self._hold_queue()
+            self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
+            # Compares the plan-shaping options on every rank before anything is mapped.
+            self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._gather,
+                                         self._plan_options(), self.timeout, on_broken=self._on_broken)
+            self._protocol.mover = SimpleNamespace(send_flags=self._buffers_send_flags, build_plan=self._build_plan,
+                                                   execute=self._execute)
             self._engine = default_copy_engine()
             pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
             # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
-            self._buffer_offset = (pipeline_nbytes + _PAGE - 1) // _PAGE * _PAGE
-            self._memory = IpcMemory.create(local, self._buffer_offset + buffer_bytes, timeout=timeout)
+            self._buffers = SendBuffers(pipeline_nbytes, buffer_bytes, self.rank)
+            self._memory = IpcMemory.create(local, self._buffers.offset + buffer_bytes, timeout=timeout)
+            self._buffers.memory = self._memory
             self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
             self.cma_pairs, self._pids, self._ptracer_grant = probe_cross_memory_attach(
                 local, self.cma_min_bytes is not None, timeout)
@@ -119,14 +126,9 @@ class ShmCopyService(BatchedCopyService):
             self._release()
             raise
 
-    def _native_memory(self) -> IpcMemory:
-        assert self._memory is not None  # set by a constructor that returned
-        return self._memory
-
     def _plan_options(self) -> Dict[str, Optional[int]]:
-        return {**super()._plan_options(), "slot_nbytes": self.slot_nbytes,
-                "max_tasks_per_batch": self.max_tasks_per_batch, "cma_min_bytes": self.cma_min_bytes,
-                "buffer_bytes": self.buffer_bytes}
+        return {"slot_nbytes": self.slot_nbytes, "max_tasks_per_batch": self.max_tasks_per_batch,
+                "cma_min_bytes": self.cma_min_bytes, "buffer_bytes": self.buffer_bytes}
 
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
@@ -140,16 +142,14 @@ class ShmCopyService(BatchedCopyService):
         Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
-        region = self._native_memory()._native.region(self.rank)
-        start = self._buffer_offset
-        return typed_view(region[start:start + self.buffer_bytes], dtype, shape, "ShmCopyService.buffer")
+        return self._buffers.view(dtype, shape)
 
     def close(self) -> None:
         """Unmaps the slots, takes back the ptrace permission and (if this service made
         it) leaves the group."""
         if not self._closed:
             self._release()
-        super().close()
+            self._close_steps()
 
     def _release(self) -> None:
         self.__dict__.pop("_executor", None)  # the native executor before the memory it points into
@@ -187,21 +187,8 @@ class ShmCopyService(BatchedCopyService):
 
     # ---- planning -----------------------------------------------------------------------
 
-    def _send_buffer_start(self) -> np.uint64:
-        """Where this rank's send buffer starts, in its own address space."""
-        return np.uint64(int(self._native_memory().remote_data[self.rank]) + self._buffer_offset)
-
-    def _in_send_buffer(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """Whether each [address, address + nbytes) lies wholly in this rank's send buffer."""
-        start = self._send_buffer_start()
-        addresses = addresses.astype(np.uint64)
-        return (addresses >= start) & (addresses + nbytes.astype(np.uint64) <= start + np.uint64(self.buffer_bytes))
-
-    def _send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
-        if self.buffer_bytes == 0:
-            return None
-        inside = spans.contiguous[rows] & self._in_send_buffer(spans.address[rows], spans.nbytes[rows])
-        return inside.astype(np.int64) * FLAG_IN_SEND_BUFFER
+    def _buffers_send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
+        return self._buffers.send_flags(spans, rows)
 
     def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
         return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
@@ -225,7 +212,7 @@ class ShmCopyService(BatchedCopyService):
             except Exception as error:  # agreed below: no rank goes on to the executor's barriers
                 failure = error
             with self._group_wait("the direct reads"):
-                self._agree_on_step("its direct reads", failure, deadline, timeout)
+                self._protocol.agree_on_step("its direct reads", failure, deadline, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
         self._executor.set_task_memory(
             plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
@@ -233,7 +220,7 @@ class ShmCopyService(BatchedCopyService):
         try:
             # Its final barrier also tells senders that every cross-memory read is done.
             with self._group_wait("the batch's transfers"):
-                self._executor.execute(plan.pipeline, timeout)
+                self._executor.execute(plan.pipeline, timeout, self._protocol.run_index)
         finally:
             empty = np.zeros(0, np.uint64)
             self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
@@ -246,21 +233,15 @@ class ShmCopyService(BatchedCopyService):
         plain copy, else by cross-memory attach."""
         if plan.direct_recv_ids.size == 0:
             return
-        published = self._published_for_receives(plan, published)
+        published = published_for_receives(self.backend_name, plan, published)
         sources = plan.direct_recv_src
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
-        from_buffer = published[:, 2] != _NOT_IN_BUFFER
+        from_buffer = published[:, 2] != NOT_IN_BUFFER
         if from_buffer.any():
-            offsets, sizes = published[from_buffer, 2], nbytes[from_buffer]
-            # Every rank's buffer has buffer_bytes (IpcMemory checks the region sizes): a
-            # peer's offsets are checked against it before anything is read.
-            limit = np.uint64(self.buffer_bytes)
-            if np.any(offsets > limit) or np.any(sizes > limit - offsets):
-                raise RuntimeError(f"{self.backend_name}: a peer published a task past its "
-                                   f"{self.buffer_bytes}-byte send buffer")
-            regions = np.array(self._native_memory().remote_data, np.uint64) + np.uint64(self._buffer_offset)
-            spans = np.stack([regions[sources[from_buffer]] + offsets,
-                              recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
+            sizes = nbytes[from_buffer]
+            peer = self._buffers.peer_addresses(sources[from_buffer], published[from_buffer, 2], sizes,
+                                                self.backend_name)
+            spans = np.stack([peer, recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
             _core.copy_spans(np.ascontiguousarray(spans), self._engine)
             self.buffer_tasks_read += int(from_buffer.sum())
         for i in np.flatnonzero(~from_buffer):
@@ -274,24 +255,15 @@ class ShmCopyService(BatchedCopyService):
     def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
                                    timeout: Optional[float]) -> np.ndarray:
         """Publishes where each of this rank's direct sends is -- (task, address, offset
-        in the send buffer or _NOT_IN_BUFFER) -- and returns every rank's rows, by task."""
+        in the send buffer or NOT_IN_BUFFER) -- and returns every rank's rows, by task."""
         addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
-        inside = self._in_send_buffer(addresses, send_nbytes[plan.direct_send_local])
-        offsets = np.where(inside, addresses - self._send_buffer_start(), _NOT_IN_BUFFER)
+        offsets = self._buffers.offsets(addresses, send_nbytes[plan.direct_send_local])
         table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
         deadline = None if timeout is None else time.monotonic() + timeout
         gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
-                    for data in self._all_gather(_STEP_DIRECT_ADDRESSES, table.tobytes(), deadline, timeout)]
+                    for data in self._protocol.all_gather(_STEP_DIRECT_ADDRESSES, table.tobytes(), deadline, timeout)]
         rows = np.concatenate(gathered)
         return rows[np.argsort(rows[:, 0], kind="stable")]
-
-    def _published_for_receives(self, plan: ShmPlan, rows: np.ndarray) -> np.ndarray:
-        """The published rows of this rank's direct receives, in plan.direct_recv_ids order."""
-        wanted = plan.direct_recv_ids.astype(np.uint64)
-        where = np.searchsorted(rows[:, 0], wanted)
-        if np.any(where >= rows.shape[0]) or np.any(rows[np.minimum(where, max(rows.shape[0] - 1, 0)), 0] != wanted):
-            raise RuntimeError(f"{self.backend_name}: a sender did not publish the address of a direct task")
-        return rows[where]
 
 
 __all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]

@@ -19,26 +19,27 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services._messages import MessageCopyService, Posting
+from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
+from tensorxfer.resharding.copy_services._liveness import PeerWatch
+from tensorxfer.resharding.copy_services._messages import Posting
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
-class TorchDistributedCopyService(MessageCopyService):
+class TorchDistributedCopyService(ForwardsToProtocol):
     """Batched send/recv by task id over a torch.distributed process group.
 
     ``group``: a process group; None = the default group (which must be
     initialized). Ranks are ranks of ``group``. Every rank of the group must
     call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
-    See :class:`~tensorxfer.resharding.copy_services._run_protocol.BatchedCopyService` for ``timeout`` and the window options.
+    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
+    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
     """
 
     backend_name = "TorchDistributedCopyService"
     #: True unless the group is gloo (see __init__): nccl's wait() is stream-ordered.
     requires_process_group_barrier = True
-    host_only = False
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT, **options: Any) -> None:
-        import torch
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -46,17 +47,35 @@ class TorchDistributedCopyService(MessageCopyService):
                 "TorchDistributedCopyService: torch.distributed is not initialized "
                 "(call torch.distributed.init_process_group first)"
             )
-        self._torch = torch
-        self._dist = dist
-        self._process_group = group if group is not None else dist.group.WORLD
-        if dist.get_rank(self._process_group) < 0:
+        process_group = group if group is not None else dist.group.WORLD
+        if dist.get_rank(process_group) < 0:
             raise ValueError("group: this process is not a member of the given process group")
-        size = dist.get_world_size(self._process_group)
-        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(size)]
         # nccl's wait() only orders the caller's CUDA stream after the transfer; gloo's
         # returns once the bytes are in host memory.
-        self.requires_process_group_barrier = "gloo" not in str(dist.get_backend(self._process_group)).lower()
-        super().__init__(group, timeout=timeout, **options)
+        self.requires_process_group_barrier = "gloo" not in str(dist.get_backend(process_group)).lower()
+        super().__init__(group)
+        transport = _TorchTransport(group, process_group, self.rank, self.world_size)
+        self._hold_message_steps(transport, timeout, options, host_only=False)
+
+    def close(self) -> None:
+        """Drops plans, staging and queued ops; later calls raise tensorxfer.ClosedError."""
+        self._close_steps()
+
+
+class _TorchTransport:
+    """Messages through batch_isend_irecv on a process group (a MessageTransport)."""
+
+    def __init__(self, group: Any, process_group: Any, rank: int, world_size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._torch = torch
+        self._dist = dist
+        self._process_group = process_group
+        self._global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world_size)]
+        self.backend_name = "TorchDistributedCopyService"
+        self.rank, self.world_size = rank, world_size
+        self.watch: Optional[PeerWatch] = None  # set once the ranks exchanged identities
 
     def _metadata_device(self) -> Any:
         backend = str(self._dist.get_backend(self._process_group)).lower()
@@ -66,7 +85,7 @@ class TorchDistributedCopyService(MessageCopyService):
 
     # ---- transport ----------------------------------------------------------------------
 
-    def _start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
+    def start_all_gather(self, data: bytes, fixed: bool = False) -> Tuple[List[Any], Callable[[], Any]]:
         torch, dist = self._torch, self._dist
         device = self._metadata_device()
         payload = torch.from_numpy(np.frombuffer(data, np.uint8).copy()).to(device)
@@ -93,7 +112,7 @@ class TorchDistributedCopyService(MessageCopyService):
 
         return [work], gather_data
 
-    def _new_staging(self, nbytes: int, like: Any) -> Any:
+    def new_staging(self, nbytes: int, like: Any) -> Any:
         device = like.device if hasattr(like, "device") and not isinstance(like, np.ndarray) else "cpu"
         return self._torch.empty(max(nbytes, 1), dtype=self._torch.uint8, device=device)
 
@@ -105,7 +124,7 @@ class TorchDistributedCopyService(MessageCopyService):
             flat = flat.view(self._torch.uint8)
         return flat[:nbytes]
 
-    def _post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
+    def post(self, sends: Sequence[Posting], recvs: Sequence[Posting]) -> List[Any]:
         dist = self._dist
         operations = []
         for peer, tag, tensor, _, nbytes in recvs:
@@ -118,8 +137,8 @@ class TorchDistributedCopyService(MessageCopyService):
             return []
         return list(dist.batch_isend_irecv(operations))
 
-    def _wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
-              peers: Optional[List[int]]) -> None:
+    def wait(self, requests: List[Any], deadline: Optional[float], timeout: Optional[float], what: str,
+             peers: Optional[List[int]]) -> None:
         for work in requests:
             try:
                 if deadline is None:
@@ -129,8 +148,8 @@ class TorchDistributedCopyService(MessageCopyService):
                     work.wait(datetime.timedelta(seconds=remaining))
             except RuntimeError as error:
                 text = str(error)
-                dead = [p for p in range(self.world_size) if p != self.rank and self._watch is not None
-                        and self._watch.is_dead(p)]
+                dead = [p for p in range(self.world_size) if p != self.rank and self.watch is not None
+                        and self.watch.is_dead(p)]
                 if dead:
                     raise PeerLostError(f"{self.backend_name}: rank {dead[0]} died during {what} "
                                         f"(rank {self.rank}): {text}") from error
