@@ -280,9 +280,14 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     all_gather_single = _allgather_base
 
-    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+    def _each_pair(self, single: Callable[..., Work], outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                   opts: Any) -> Work:
+        """A coalesced op as its single ops in order; the last one's work (in-order completion)."""
+        works = [single(o, i, opts) for o, i in zip(outputs, inputs)]
         return works[-1] if works else self.barrier()
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
+        return self._each_pair(self._allgather_base, outputs, inputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -319,8 +324,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Work:
-        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else self.barrier()
+        return self._each_pair(self._reduce_scatter_base, outputs, inputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

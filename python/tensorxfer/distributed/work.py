@@ -257,13 +257,6 @@ class CompletionThread:
     def finish_when_done(self, inner: Any, work: Work) -> None:
         self._queue.put((inner, work))
 
-    def _fail(self, work: Work, error: BaseException) -> None:
-        """Fails ``work`` with ``error`` as ``on_error`` maps it; every later op fails too."""
-        mapped = self._on_error(work.name, error)
-        self.failure = mapped if not isinstance(mapped, KeyboardInterrupt) else RuntimeError(
-            f"tensorxfer backend: {work.name} was interrupted (Ctrl-C); the ranks are out of step")
-        work.finish(mapped)
-
     def _run(self) -> None:
         while True:
             item = self._queue.get()
