@@ -6,13 +6,13 @@ import hashlib
 import json
 import multiprocessing
 import random
-import threading
 import time
 import uuid
 
 import numpy as np
 import pytest
 
+from child_process import first_error_raised, on_threads
 from tensorxfer.errors import UnsupportedError
 from tensorxfer.resharding.pipeline_executor import DoubleBufferManager, HostKernelLauncher, PipelineExecutor
 from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest, build_schedule
@@ -99,25 +99,13 @@ def test_ranks_move_every_byte_with_the_same_schedule(world):
 def _threads_as_ranks(world: int, slot_nbytes: int):
     """``world`` LocalGroups (one per rank, joined from threads of this process) and their DoubleBufferManagers."""
     name = f"pipeline-threads-{uuid.uuid4().hex[:8]}"
-    groups: list = [None] * world
-    buffers: list = [None] * world
-    errors: list = []
 
-    def rank_main(rank: int) -> None:
-        try:
-            groups[rank] = LocalGroup.join(name, rank=rank, world_size=world, timeout=20)
-            buffers[rank] = DoubleBufferManager(groups[rank], slot_nbytes=slot_nbytes, timeout=20)
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+    def rank_main(rank: int) -> tuple:
+        group = LocalGroup.join(name, rank=rank, world_size=world, timeout=20)
+        return group, DoubleBufferManager(group, slot_nbytes=slot_nbytes, timeout=20)
 
-    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return groups, buffers
+    pairs = first_error_raised(on_threads(world, rank_main))
+    return [group for group, _ in pairs], [buffers for _, buffers in pairs]
 
 
 def test_launch_pack_fills_the_send_slot_and_streams_are_host_only():

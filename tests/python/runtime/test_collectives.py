@@ -8,7 +8,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import tensorxfer
 from tensorxfer.runtime import Communicator
 
 import collectives_workers as workers
+from child_process import first_error_raised, on_threads
 from collectives_workers import FileGroup, run_spawned
 
 MAX_BYTES = 4096  # small: the larger counts below take several chunks
@@ -100,38 +100,12 @@ def test_sigkilled_rank_makes_the_others_raise_peer_lost_within_their_timeout(tm
 
 
 def make_thread_communicators(world: int, directory: str, **kwargs) -> list:
-    comms: list = [None] * world
-
-    def build(rank: int) -> None:
-        comms[rank] = Communicator(FileGroup(directory, rank, world), timeout=30, **kwargs)
-
-    threads = [threading.Thread(target=build, args=(rank,)) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(comm is not None for comm in comms)
-    return comms
+    return first_error_raised(
+        on_threads(world, lambda rank: Communicator(FileGroup(directory, rank, world), timeout=30, **kwargs)))
 
 
 def run_threads(world: int, body) -> list:
-    results: list = [None] * world
-    errors: list = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = body(rank)
-        except BaseException as error:  # collected and re-raised below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+    return first_error_raised(on_threads(world, body))
 
 
 def test_threads_as_ranks_and_the_reference_fields(tmp_path):
