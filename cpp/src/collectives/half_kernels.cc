@@ -1,7 +1,9 @@
-// Half-precision tile kernels: portable loops, and AVX2 / AVX-512F versions built
+// Half-precision reductions: a portable loop, and AVX2 / AVX-512F loops built
 // with target attributes (the rest of the library stays at the baseline ISA) and
-// chosen with __builtin_cpu_supports. Tails shorter than a vector use the
-// portable conversions, which the vector code reproduces bit for bit.
+// chosen with __builtin_cpu_supports. Each loads 16 elements of every source,
+// combines them in float32 registers and narrows once; tails shorter than 16
+// elements use the portable conversions, which the vector code reproduces bit
+// for bit.
 #include "half_kernels.h"
 
 #include <cstring>
@@ -11,20 +13,33 @@
 #define TENSORXFER_X86_KERNELS 1
 #endif
 
-namespace tensorxfer::collectives::half_tiles {
+namespace tensorxfer::collectives::half_kernels {
 namespace {
 
-template <float (*Load)(uint16_t)>
-void widen_portable(const uint16_t* in, float* out, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) out[i] = Load(in[i]);
+enum class Combine { kAdd, kMax, kMin };
+
+template <Combine C>
+inline float combine(float acc, float value) noexcept {
+  if constexpr (C == Combine::kAdd) return acc + value;
+  if constexpr (C == Combine::kMax) return value > acc ? value : acc;
+  return value < acc ? value : acc;
 }
-template <float (*Load)(uint16_t)>
-void widen_add_portable(const uint16_t* in, float* acc, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + Load(in[i]);
+
+inline const uint16_t* source_at(const void* const* sources, int k, std::size_t i) noexcept {
+  return static_cast<const uint16_t*>(sources[k]) + i;
 }
-template <uint16_t (*Store)(float)>
-void narrow_portable(const float* in, uint16_t* out, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) out[i] = Store(in[i]);
+
+// Elements [begin, n), one at a time: the portable set, and the vector sets' tails.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), Combine C>
+inline void reduce_from(const void* const* sources, int count, float divisor, uint16_t* out, uint16_t* second,
+                        std::size_t begin, std::size_t n) noexcept {
+  for (std::size_t i = begin; i < n; ++i) {
+    float acc = Load(*source_at(sources, 0, i));
+    for (int k = 1; k < count; ++k) acc = combine<C>(acc, Load(*source_at(sources, k, i)));
+    if (divisor != 1.0f) acc = acc / divisor;
+    out[i] = Store(acc);
+    if (second != nullptr) second[i] = out[i];
+  }
 }
 
 float load_bf16(uint16_t v) noexcept { return bfloat16_to_float(v); }
@@ -32,15 +47,27 @@ float load_f16(uint16_t v) noexcept { return float16_to_float(v); }
 uint16_t store_bf16(float v) noexcept { return float_to_bfloat16(v); }
 uint16_t store_f16(float v) noexcept { return float_to_float16(v); }
 
-constexpr HalfTileKernels kPortableBf16{widen_portable<load_bf16>, widen_add_portable<load_bf16>,
-                                        narrow_portable<store_bf16>};
-constexpr HalfTileKernels kPortableF16{widen_portable<load_f16>, widen_add_portable<load_f16>,
-                                       narrow_portable<store_f16>};
+// The divisor a loop divides by: avg's, or 1 (no division).
+inline float divisor_of(ReduceOp op, int divisor) noexcept {
+  return op == ReduceOp::kAvg ? static_cast<float>(divisor) : 1.0f;
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void reduce_portable(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
+                     std::size_t n) noexcept {
+  const float by = divisor_of(op, divisor);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return reduce_from<Load, Store, Combine::kAdd>(sources, count, by, out, second, 0, n);
+    case ReduceOp::kMax: return reduce_from<Load, Store, Combine::kMax>(sources, count, by, out, second, 0, n);
+    case ReduceOp::kMin: return reduce_from<Load, Store, Combine::kMin>(sources, count, by, out, second, 0, n);
+  }
+}
 
 #ifdef TENSORXFER_X86_KERNELS
 constexpr uint32_t kCanonicalNanFloat = 0x7fc00000u;  // narrows to 0x7fc0 (bf16) and 0x7e00 (f16)
 
-// ---- AVX2 (+F16C) -----------------------------------------------------------------------
+// ---- AVX2 (+F16C): 16 elements as two 8-lane halves ----------------------------------------
 #define TX_AVX2 __attribute__((target("avx2,f16c,fma")))
 
 TX_AVX2 inline __m256 avx2_bf16_load(const uint16_t* in) {
@@ -60,46 +87,65 @@ TX_AVX2 inline __m256i avx2_bf16_round(__m256 v) {
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
 }
+TX_AVX2 inline void avx2_bf16_store16(uint16_t* out, __m256 low, __m256 high) {
+  // packus interleaves 128-bit lanes: [l0-3 h0-3 l4-7 h4-7]; 0xd8 puts them back in order.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(avx2_bf16_round(low), avx2_bf16_round(high)),
+                                                  0xd8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+}
+TX_AVX2 inline __m128i avx2_f16_round(__m256 v) {
+  return _mm256_cvtps_ph(avx2_canonical_nan(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+TX_AVX2 inline void avx2_f16_store16(uint16_t* out, __m256 low, __m256 high) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), avx2_f16_round(low));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), avx2_f16_round(high));
+}
+// MAXPS/MINPS return their second operand unless the first compares greater/less:
+// (value, acc) is `value > acc ? value : acc`, as the portable loop.
+template <Combine C>
+TX_AVX2 inline __m256 avx2_combine(__m256 acc, __m256 value) {
+  if constexpr (C == Combine::kAdd) return _mm256_add_ps(acc, value);
+  if constexpr (C == Combine::kMax) return _mm256_max_ps(value, acc);
+  return _mm256_min_ps(value, acc);
+}
 
-template <__m256 (*Load)(const uint16_t*), float (*Scalar)(uint16_t)>
-TX_AVX2 void avx2_widen(const uint16_t* in, float* out, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Load(in + i));
-  for (; i < n; ++i) out[i] = Scalar(in[i]);
-}
-template <__m256 (*Load)(const uint16_t*), float (*Scalar)(uint16_t)>
-TX_AVX2 void avx2_widen_add(const uint16_t* in, float* acc, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), Load(in + i)));
-  for (; i < n; ++i) acc[i] = acc[i] + Scalar(in[i]);
-}
-TX_AVX2 void avx2_bf16_narrow(const float* in, uint16_t* out, std::size_t n) noexcept {
+template <__m256 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m256, __m256), float (*LoadScalar)(uint16_t),
+          uint16_t (*StoreScalar)(float), Combine C>
+TX_AVX2 void avx2_reduce_loop(const void* const* sources, int count, float divisor, uint16_t* out, uint16_t* second,
+                              std::size_t n) noexcept {
+  const __m256 by = _mm256_set1_ps(divisor);
+  const bool divide = divisor != 1.0f;
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i low = avx2_bf16_round(_mm256_loadu_ps(in + i));
-    const __m256i high = avx2_bf16_round(_mm256_loadu_ps(in + i + 8));
-    // packus interleaves 128-bit lanes: [l0-3 h0-3 l4-7 h4-7]; 0xd8 puts them back in order.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+    __m256 low = Load(source_at(sources, 0, i)), high = Load(source_at(sources, 0, i + 8));
+    for (int k = 1; k < count; ++k) {
+      low = avx2_combine<C>(low, Load(source_at(sources, k, i)));
+      high = avx2_combine<C>(high, Load(source_at(sources, k, i + 8)));
+    }
+    if (divide) low = _mm256_div_ps(low, by), high = _mm256_div_ps(high, by);
+    Store16(out + i, low, high);
+    if (second != nullptr) Store16(second + i, low, high);
   }
-  for (; i < n; ++i) out[i] = float_to_bfloat16(in[i]);
-}
-TX_AVX2 void avx2_f16_narrow(const float* in, uint16_t* out, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i half = _mm256_cvtps_ph(avx2_canonical_nan(_mm256_loadu_ps(in + i)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
-  }
-  for (; i < n; ++i) out[i] = float_to_float16(in[i]);
+  reduce_from<LoadScalar, StoreScalar, C>(sources, count, divisor, out, second, i, n);
 }
 
-constexpr HalfTileKernels kAvx2Bf16{avx2_widen<avx2_bf16_load, load_bf16>,
-                                    avx2_widen_add<avx2_bf16_load, load_bf16>, avx2_bf16_narrow};
-constexpr HalfTileKernels kAvx2F16{avx2_widen<avx2_f16_load, load_f16>, avx2_widen_add<avx2_f16_load, load_f16>,
-                                   avx2_f16_narrow};
+template <__m256 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m256, __m256), float (*LoadScalar)(uint16_t),
+          uint16_t (*StoreScalar)(float)>
+void avx2_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
+                 std::size_t n) noexcept {
+  const float by = divisor_of(op, divisor);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kAdd>(sources, count, by, out, second, n);
+    case ReduceOp::kMax:
+      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMax>(sources, count, by, out, second, n);
+    case ReduceOp::kMin:
+      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMin>(sources, count, by, out, second, n);
+  }
+}
 
-// ---- AVX-512F -----------------------------------------------------------------------------
+// ---- AVX-512F: 16 elements in one register ------------------------------------------------
 #define TX_AVX512 __attribute__((target("avx512f,avx2,f16c,fma")))
 
 TX_AVX512 inline __m512 avx512_bf16_load(const uint16_t* in) {
@@ -113,48 +159,62 @@ TX_AVX512 inline __m512 avx512_canonical_nan(__m512 v) {
   const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNanFloat)));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, nan);
 }
-
-template <__m512 (*Load)(const uint16_t*), float (*Scalar)(uint16_t)>
-TX_AVX512 void avx512_widen(const uint16_t* in, float* out, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, Load(in + i));
-  for (; i < n; ++i) out[i] = Scalar(in[i]);
+TX_AVX512 inline void avx512_bf16_store16(uint16_t* out, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(avx512_canonical_nan(v));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
 }
-template <__m512 (*Load)(const uint16_t*), float (*Scalar)(uint16_t)>
-TX_AVX512 void avx512_widen_add(const uint16_t* in, float* acc, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), Load(in + i)));
-  for (; i < n; ++i) acc[i] = acc[i] + Scalar(in[i]);
+TX_AVX512 inline void avx512_f16_store16(uint16_t* out, __m512 v) {
+  const __m256i half = _mm512_cvtps_ph(avx512_canonical_nan(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), half);
 }
-TX_AVX512 void avx512_bf16_narrow(const float* in, uint16_t* out, std::size_t n) noexcept {
-  std::size_t i = 0;
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-  for (; i + 16 <= n; i += 16) {
-    const __m512i bits = _mm512_castps_si512(avx512_canonical_nan(_mm512_loadu_ps(in + i)));
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, bias)), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(rounded));
-  }
-  for (; i < n; ++i) out[i] = float_to_bfloat16(in[i]);
-}
-TX_AVX512 void avx512_f16_narrow(const float* in, uint16_t* out, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i half = _mm512_cvtps_ph(avx512_canonical_nan(_mm512_loadu_ps(in + i)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), half);
-  }
-  for (; i < n; ++i) out[i] = float_to_float16(in[i]);
+template <Combine C>
+TX_AVX512 inline __m512 avx512_combine(__m512 acc, __m512 value) {
+  if constexpr (C == Combine::kAdd) return _mm512_add_ps(acc, value);
+  if constexpr (C == Combine::kMax) return _mm512_max_ps(value, acc);
+  return _mm512_min_ps(value, acc);
 }
 
-constexpr HalfTileKernels kAvx512Bf16{avx512_widen<avx512_bf16_load, load_bf16>,
-                                      avx512_widen_add<avx512_bf16_load, load_bf16>, avx512_bf16_narrow};
-constexpr HalfTileKernels kAvx512F16{avx512_widen<avx512_f16_load, load_f16>,
-                                     avx512_widen_add<avx512_f16_load, load_f16>, avx512_f16_narrow};
+template <__m512 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m512), float (*LoadScalar)(uint16_t),
+          uint16_t (*StoreScalar)(float), Combine C>
+TX_AVX512 void avx512_reduce_loop(const void* const* sources, int count, float divisor, uint16_t* out,
+                                  uint16_t* second, std::size_t n) noexcept {
+  const __m512 by = _mm512_set1_ps(divisor);
+  const bool divide = divisor != 1.0f;
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 acc = Load(source_at(sources, 0, i));
+    for (int k = 1; k < count; ++k) acc = avx512_combine<C>(acc, Load(source_at(sources, k, i)));
+    if (divide) acc = _mm512_div_ps(acc, by);
+    Store16(out + i, acc);
+    if (second != nullptr) Store16(second + i, acc);
+  }
+  reduce_from<LoadScalar, StoreScalar, C>(sources, count, divisor, out, second, i, n);
+}
+
+template <__m512 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m512), float (*LoadScalar)(uint16_t),
+          uint16_t (*StoreScalar)(float)>
+void avx512_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
+                   std::size_t n) noexcept {
+  const float by = divisor_of(op, divisor);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kAdd>(sources, count, by, out, second,
+                                                                                       n);
+    case ReduceOp::kMax:
+      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMax>(sources, count, by, out, second,
+                                                                                       n);
+    case ReduceOp::kMin:
+      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMin>(sources, count, by, out, second,
+                                                                                       n);
+  }
+}
 #endif  // TENSORXFER_X86_KERNELS
 
 }  // namespace
-}  // namespace tensorxfer::collectives::half_tiles
+}  // namespace tensorxfer::collectives::half_kernels
 
 namespace tensorxfer::collectives {
 
@@ -193,18 +253,22 @@ HalfKernels best_half_kernels() noexcept {
 
 }  // namespace tensorxfer::collectives
 
-namespace tensorxfer::collectives::half_tiles {
+namespace tensorxfer::collectives::half_kernels {
 
-const HalfTileKernels* half_tile_kernels(HalfKernels kernels, bool bfloat16) noexcept {
+HalfReduce half_reduce(HalfKernels kernels, bool bfloat16) noexcept {
   if (kernels == HalfKernels::kAuto) kernels = best_half_kernels();
   if (!half_kernels_supported(kernels)) return nullptr;
   switch (kernels) {
 #ifdef TENSORXFER_X86_KERNELS
-    case HalfKernels::kAvx512: return bfloat16 ? &kAvx512Bf16 : &kAvx512F16;
-    case HalfKernels::kAvx2: return bfloat16 ? &kAvx2Bf16 : &kAvx2F16;
+    case HalfKernels::kAvx512:
+      return bfloat16 ? avx512_reduce<avx512_bf16_load, avx512_bf16_store16, load_bf16, store_bf16>
+                      : avx512_reduce<avx512_f16_load, avx512_f16_store16, load_f16, store_f16>;
+    case HalfKernels::kAvx2:
+      return bfloat16 ? avx2_reduce<avx2_bf16_load, avx2_bf16_store16, load_bf16, store_bf16>
+                      : avx2_reduce<avx2_f16_load, avx2_f16_store16, load_f16, store_f16>;
 #endif
-    default: return bfloat16 ? &kPortableBf16 : &kPortableF16;
+    default: return bfloat16 ? reduce_portable<load_bf16, store_bf16> : reduce_portable<load_f16, store_f16>;
   }
 }
 
-}  // namespace tensorxfer::collectives::half_tiles
+}  // namespace tensorxfer::collectives::half_kernels

@@ -1,4 +1,4 @@
-// Half-precision (bfloat16, float16) <-> float32 tile kernels for reduce.cc, one
+// Half-precision (bfloat16, float16) reductions for reduce.cc, one
 // set per instruction set (portable, AVX2 (+F16C for float16), AVX-512F), picked at
 // run time from what the CPU supports. Every set gives bitwise the same results as
 // the portable one: widening is exact; narrowing rounds to nearest even, keeps
@@ -12,19 +12,17 @@
 
 #include "tensorxfer/collectives/reduce.h"
 
-namespace tensorxfer::collectives::half_tiles {
+namespace tensorxfer::collectives::half_kernels {
 
-struct HalfTileKernels {
-  // out[i] = float(in[i])
-  void (*widen)(const uint16_t* in, float* out, std::size_t n) noexcept;
-  // acc[i] = acc[i] + float(in[i])
-  void (*widen_add)(const uint16_t* in, float* acc, std::size_t n) noexcept;
-  // out[i] = half(in[i]) (round to nearest even, canonical NaN)
-  void (*narrow)(const float* in, uint16_t* out, std::size_t n) noexcept;
-};
+// out[i] = half(op over k of float(sources[k][i])), combined in source order in
+// float32 (sum and avg add; max keeps `value > acc ? value : acc`, min `value < acc
+// ? value : acc`), avg then divided by `divisor` unless it is 1; written to `second`
+// too unless it is null. One pass, in registers.
+using HalfReduce = void (*)(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out,
+                            uint16_t* second, std::size_t n) noexcept;
 
-// The kernels of `kernels` (kAuto: the widest set this CPU runs) for bfloat16
+// The reduction of `kernels` (kAuto: the widest set this CPU runs) for bfloat16
 // (`bfloat16` true) or float16; nullptr when the CPU cannot run that set.
-const HalfTileKernels* half_tile_kernels(HalfKernels kernels, bool bfloat16) noexcept;
+HalfReduce half_reduce(HalfKernels kernels, bool bfloat16) noexcept;
 
-}  // namespace tensorxfer::collectives::half_tiles
+}  // namespace tensorxfer::collectives::half_kernels

@@ -1,6 +1,6 @@
 // The reduction loop. Built with -O3 (CMakeLists.txt) so that the simple
 // loops over __restrict tiles below auto-vectorise; the half-precision
-// conversions come from half_kernels.cc (vector sets chosen at run time).
+// reductions come from half_kernels.cc (vector sets chosen at run time).
 #include "tensorxfer/collectives/reduce.h"
 
 #include "half_kernels.h"
@@ -125,47 +125,13 @@ __attribute__((target("avx2"))) void reduce_float32_avx2(ReduceOp op, const void
   reduce_tiles<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination, count);
 }
 
-// Half types: each tile is widened into a float32 accumulator (fused with the
-// addition for sum/avg), combined in source order, and narrowed once.
-void reduce_half(const half_tiles::HalfTileKernels& kernels, ReduceOp op, const void* const* sources, int source_count,
-                 int divisor, void* destination, void* second_destination, std::size_t count) noexcept {
-  alignas(64) float accumulator[kTile];
-  alignas(64) float widened[kTile];
-  for (std::size_t base = 0; base < count; base += kTile) {
-    const std::size_t n = std::min(kTile, count - base);
-    float* __restrict acc = accumulator;
-    kernels.widen(static_cast<const uint16_t*>(sources[0]) + base, acc, n);
-    for (int k = 1; k < source_count; ++k) {
-      const uint16_t* source = static_cast<const uint16_t*>(sources[k]) + base;
-      if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
-        kernels.widen_add(source, acc, n);
-        continue;
-      }
-      kernels.widen(source, widened, n);
-      const float* __restrict value = widened;
-      if (op == ReduceOp::kMax) {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = value[i] > acc[i] ? value[i] : acc[i];
-      } else {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = value[i] < acc[i] ? value[i] : acc[i];
-      }
-    }
-    if (op == ReduceOp::kAvg && divisor != 1) {
-      const float by = static_cast<float>(divisor);
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / by;
-    }
-    uint16_t* out = static_cast<uint16_t*>(destination) + base;
-    kernels.narrow(acc, out, n);
-    if (second_destination != nullptr) {
-      std::memcpy(static_cast<uint16_t*>(second_destination) + base, out, n * sizeof(uint16_t));
-    }
-  }
-}
-
+// Half types: one pass in float32 registers per instruction set (half_kernels.cc).
 void reduce_half(HalfKernels choice, bool bfloat16, ReduceOp op, const void* const* sources, int source_count,
                  int divisor, void* destination, void* second_destination, std::size_t count) noexcept {
-  const half_tiles::HalfTileKernels* kernels = half_tiles::half_tile_kernels(choice, bfloat16);
-  if (kernels == nullptr) kernels = half_tiles::half_tile_kernels(HalfKernels::kPortable, bfloat16);
-  reduce_half(*kernels, op, sources, source_count, divisor, destination, second_destination, count);
+  half_kernels::HalfReduce reduce = half_kernels::half_reduce(choice, bfloat16);
+  if (reduce == nullptr) reduce = half_kernels::half_reduce(HalfKernels::kPortable, bfloat16);
+  reduce(op, sources, source_count, divisor, static_cast<uint16_t*>(destination),
+         static_cast<uint16_t*>(second_destination), count);
 }
 
 }  // namespace

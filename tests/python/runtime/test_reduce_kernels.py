@@ -137,3 +137,55 @@ def test_float32_vector_tiles_match_portable_bitwise(kernels, case):
         _core.reduce_elements("float32", op, sources, got, len(sources), kernels)
     assert got.tobytes() == expected.tobytes(), (np.flatnonzero(got.view(np.uint32) != expected.view(np.uint32))[:8],
                                                  kernels)
+
+
+# Sum and avg of half types: a numpy model (widen to float32, add in source order, divide by
+# float32(divisor) unless it is 1, round to nearest even, one canonical NaN). Every kernel set
+# must give its bits, through the fused one-pass kernel (up to 64 sources) and through the tile
+# path that sums of more sources take.
+def half_sum_model(dtype, op, sources, divisor):
+    with np.errstate(all="ignore"):
+        if dtype == "bfloat16":
+            widened = [(s.astype(np.uint32) << 16).view(np.float32) for s in sources]
+        else:
+            widened = [s.view(np.float16).astype(np.float32) for s in sources]
+        acc = widened[0].copy()
+        for value in widened[1:]:
+            acc = acc + value
+        if op == "avg" and divisor != 1:
+            acc = acc / np.float32(divisor)
+        nan = np.isnan(acc)
+        if dtype == "bfloat16":
+            bits = acc.view(np.uint32)
+            out = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            out[nan] = 0x7FC0
+        else:
+            out = acc.astype(np.float16).view(np.uint16)
+            out[nan] = 0x7E00
+    return out
+
+
+@st.composite
+def half_sums(draw):
+    dtype = draw(st.sampled_from(["bfloat16", "float16"]))
+    count = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 64, 65, 70]))
+    length = draw(st.integers(0, 100))
+    offset = draw(st.integers(0, 17))
+    words = half_words(dtype)
+    sources = []
+    for _ in range(count):
+        backing = np.zeros(offset + length, np.uint16)
+        backing[offset:] = draw(st.lists(words, min_size=length, max_size=length))
+        sources.append(backing[offset:])
+    return dtype, draw(st.sampled_from(["sum", "avg"])), sources, draw(st.integers(1, 9)), offset
+
+
+@pytest.mark.parametrize("kernels", ["portable", *VECTOR_SETS])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=half_sums())
+def test_half_sum_and_avg_match_a_float32_model(kernels, case):
+    dtype, op, sources, divisor, offset = case
+    got = np.empty(offset + len(sources[0]), np.uint16)[offset:]
+    _core.reduce_elements(dtype, op, sources, got, divisor, kernels)
+    expected = half_sum_model(dtype, op, sources, divisor)
+    assert got.tobytes() == expected.tobytes(), (np.flatnonzero(got != expected)[:8], kernels, len(sources))
