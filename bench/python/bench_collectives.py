@@ -9,7 +9,11 @@ made back to back (no barrier between them), in ranks started the way ``mp.spawn
   ``tensorxfer numpy`` (numpy input; float32 and float16, numpy has no bfloat16),
   ``tensorxfer torch`` (torch input), ``deepspeed shm`` (DeepSpeed's CPU shared-memory
   all-reduce built from its PyPI sdist, see ``_deepspeed_shm.py``; skipped with the reason
-  when it cannot be built) and ``gloo`` (``torch.distributed.all_reduce``). A separate row,
+  when it cannot be built), ``gloo`` (``torch.distributed.all_reduce``) and ``copy floor``:
+  every rank at once copies its tensor into a scratch tensor and back, the bytes any
+  shared-memory all-reduce of a private tensor moves at least (its ratio, floor time /
+  tensorxfer time, says how close to that floor the all-reduce runs; below ~64 KiB the two
+  torch calls themselves dominate it). A separate row,
   ``tensorxfer numpy, barrier first``, times each call after a ``Communicator.barrier()``
   (the latency of one call when every rank arrives together; not what back-to-back calls see).
 * mpirun launch (``mpirun --bind-to none``): float32 ``mpi`` (mpi4py ``Allreduce(IN_PLACE)``)
@@ -46,12 +50,12 @@ import _deepspeed_shm  # noqa: E402
 DEFAULT_OUT = HERE.parent / "results"
 DEFAULT_SIZES = ["1K", "64K", "1M", "16M", "64M"]
 DTYPES = ["float32", "bfloat16", "float16"]
-SPAWN_VARIANTS = ["tensorxfer numpy", "tensorxfer torch", "deepspeed shm", "gloo"]
+SPAWN_VARIANTS = ["tensorxfer numpy", "tensorxfer torch", "deepspeed shm", "gloo", "copy floor"]
 BARRIER_VARIANT = "tensorxfer numpy, barrier first"
 MPI_VARIANTS = ["mpi", "tensorxfer numpy (mpirun)"]
 VARIANT_KEYS = {"numpy": "tensorxfer numpy", "torch": "tensorxfer torch", "deepspeed": "deepspeed shm",
-                "gloo": "gloo", "barrier": BARRIER_VARIANT, "mpi": "mpi"}
-TX_NUMPY, TX_TORCH, DEEPSPEED, GLOO = SPAWN_VARIANTS
+                "gloo": "gloo", "floor": "copy floor", "barrier": BARRIER_VARIANT, "mpi": "mpi"}
+TX_NUMPY, TX_TORCH, DEEPSPEED, GLOO, FLOOR = SPAWN_VARIANTS
 
 
 def parse_size(text: str) -> int:
@@ -160,7 +164,7 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
         numpy_dtype = None if dtype_name == "bfloat16" else np.dtype(dtype_name)
         for nbytes in config["sizes"]:
             count = nbytes // torch.empty((), dtype=torch_dtype).element_size()
-            tensors = {name: torch.zeros(count, dtype=torch_dtype) for name in (TX_TORCH, DEEPSPEED, GLOO)}
+            tensors = {name: torch.zeros(count, dtype=torch_dtype) for name in (TX_TORCH, DEEPSPEED, GLOO, FLOOR)}
             array = np.zeros(count, numpy_dtype) if numpy_dtype is not None else None
             ops: dict[str, Callable[[], Any]] = {}
             if TX_NUMPY in variants and array is not None:
@@ -174,7 +178,12 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
                 ops[DEEPSPEED] = lambda t=tensors[DEEPSPEED]: torch.ops.deepspeed.inference_all_reduce_(t)
             if dist is not None:
                 ops[GLOO] = lambda t=tensors[GLOO]: dist.all_reduce(t)
+            if FLOOR in variants:  # the bytes any shared-memory all-reduce moves at least: in, and back out
+                scratch = torch.empty_like(tensors[FLOOR])
+                ops[FLOOR] = lambda t=tensors[FLOOR], s=scratch: (s.copy_(t), t.copy_(s))
             for name, op in ops.items():  # every op really sums: rank+1 everywhere
+                if name == FLOOR:
+                    continue
                 target = array if name.startswith(TX_NUMPY) else tensors[name]
                 target[:] = rank + 1
                 op()
@@ -327,7 +336,7 @@ def build_report(results: dict[tuple[int, str], dict], args: argparse.Namespace,
                 spreads.append((case, variant, f"{m.value:.1f}", f"{min(m.samples):.1f}-{max(m.samples):.1f}",
                                 f"{nbytes / m.value / 1e3:.2f}"))
             pairs = [(TX_NUMPY, DEEPSPEED), (TX_TORCH, DEEPSPEED), (TX_TORCH, GLOO), ("tensorxfer numpy (mpirun)",
-                                                                                    "mpi")]
+                                                                                    "mpi"), (TX_TORCH, FLOOR)]
             pairs += [(variant, DEEPSPEED) for variant in per_variant if variant.startswith(f"{TX_NUMPY}, max_bytes")]
             if dtype == "mixed" and f"{TX_TORCH} float32" in per_variant:
                 for half in ("bfloat16", "float16"):  # same bytes: the time ratio is the bandwidth ratio
@@ -390,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: dict[tuple[int, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-collectives-") as scratch:
         for world in args.ranks:
-            if set(args.variants) & {"numpy", "torch", "deepspeed", "gloo", "barrier"}:
+            if set(args.variants) & {"numpy", "torch", "deepspeed", "gloo", "floor", "barrier"}:
                 results[(world, "spawn")] = spawn_launch(world, args, deepspeed_cache)
             if "mpi" in args.variants and "float32" in args.dtypes and not args.interleave_dtypes:
                 results[(world, "mpirun")] = mpi_launch(world, args, Path(scratch) / f"mpi{world}.json")
