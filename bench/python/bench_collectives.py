@@ -10,7 +10,7 @@ made back to back (no barrier between them), in ranks started the way ``mp.spawn
   ``tensorxfer torch`` (torch input), ``deepspeed shm`` (DeepSpeed's CPU shared-memory
   all-reduce built from its PyPI sdist, see ``_deepspeed_shm.py``; skipped with the reason
   when it cannot be built), ``gloo`` (``torch.distributed.all_reduce``) and ``copy floor``:
-  every rank at once copies its tensor into a scratch tensor and back, the bytes any
+  every rank at once copies its tensor into a 256 KiB scratch and back, piece by piece, the bytes any
   shared-memory all-reduce of a private tensor moves at least (its ratio, floor time /
   tensorxfer time, says how close to that floor the all-reduce runs; below ~64 KiB the two
   torch calls themselves dominate it). A separate row,
@@ -56,6 +56,9 @@ MPI_VARIANTS = ["mpi", "tensorxfer numpy (mpirun)"]
 VARIANT_KEYS = {"numpy": "tensorxfer numpy", "torch": "tensorxfer torch", "deepspeed": "deepspeed shm",
                 "gloo": "gloo", "floor": "copy floor", "barrier": BARRIER_VARIANT, "mpi": "mpi"}
 TX_NUMPY, TX_TORCH, DEEPSPEED, GLOO, FLOOR = SPAWN_VARIANTS
+# The copy floor goes through a cache-sized scratch piece by piece: the tensor's bytes cross
+# memory once each way, as they do through an all-reduce's cache-sized staging windows.
+FLOOR_PIECE_BYTES = 256 << 10
 
 
 def parse_size(text: str) -> int:
@@ -179,8 +182,15 @@ def spawn_rank_body(rank: int, world: int, config: dict) -> Optional[dict]:
             if dist is not None:
                 ops[GLOO] = lambda t=tensors[GLOO]: dist.all_reduce(t)
             if FLOOR in variants:  # the bytes any shared-memory all-reduce moves at least: in, and back out
-                scratch = torch.empty_like(tensors[FLOOR])
-                ops[FLOOR] = lambda t=tensors[FLOOR], s=scratch: (s.copy_(t), t.copy_(s))
+                pieces = tensors[FLOOR].split(FLOOR_PIECE_BYTES // tensors[FLOOR].element_size())
+                scratch = torch.empty_like(pieces[0])
+
+                def floor_copy(pieces: Any = pieces, scratch: Any = scratch) -> None:
+                    for piece in pieces:
+                        part = scratch[:piece.numel()]
+                        part.copy_(piece)
+                        piece.copy_(part)
+                ops[FLOOR] = floor_copy
             for name, op in ops.items():  # every op really sums: rank+1 everywhere
                 if name == FLOOR:
                     continue
