@@ -132,24 +132,19 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _device_group(self, tensors: List[torch.Tensor], op: str) -> Optional[Any]:
         """None for CPU tensors; for another device, the process group named for it (else raises)."""
-        if all(t.is_cpu for t in tensors):
-            return None
-        return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
+        for tensor in tensors:
+            if not tensor.is_cpu:
+                return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
+        return None
 
-    def _host_for(self, opts: Any) -> HostCollectives:
-        """The collectives for an op (their waits are set when the op runs, see :meth:`_with_waits`)."""
-        return self._host
-
-    def _with_waits(self, run: Callable[[], None], sleep: bool) -> Callable[[], None]:
-        """``run`` with the communicator's waits set for it when it starts: sleeping for async ops,
-        the machine's spin budget for synchronous ones (ops run one at a time, in order)."""
-        def with_waits() -> None:
-            if sleep != self._waits_sleep:
-                self._comm.spin_us = 0.0 if sleep else self._spin_us
-                self._waits_sleep = sleep
-            run()
-
-        return with_waits
+    def _use_waits(self, sleep: bool) -> None:
+        """Sets the communicator's waits for the op that starts now (ops run one at a time, in order):
+        sleeping for async ops, the machine's spin budget for synchronous ones. An async op puts
+        the spinning waits back when it leaves the queue empty, so an op that runs on the caller's
+        thread (nothing queued or running) needs no call here."""
+        if sleep != self._waits_sleep:
+            self._comm.spin_us = 0.0 if sleep else self._spin_us
+            self._waits_sleep = sleep
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
                 accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
@@ -163,18 +158,25 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         other = self._device_group(tensors, op)
         if other is not None:
             return delegated(other)
+        asynchronous = getattr(opts, "asyncOp", True)
         if accelerated is None:
             self.delegated_ops += 1
             run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
+            done = None if asynchronous else self._ops.run_now(op, outputs, run)
         else:
-            run = self._with_waits(accelerated, sleep=getattr(opts, "asyncOp", True))
-        if not getattr(opts, "asyncOp", True):
-            done = self._ops.run_now(op, outputs, run)
-            if done is not None:
-                return done
+            run = accelerated
+            done = None if asynchronous else self._ops.run_now(op, outputs, accelerated)
+        if done is not None:
+            return done
 
         def body(work: Work) -> None:
-            run()
+            if accelerated is not None:
+                self._use_waits(sleep=asynchronous)
+            try:
+                run()
+            finally:
+                if asynchronous and not self._ops.queued:
+                    self._use_waits(sleep=False)
             work.finish()
 
         return self._ops.submit(op, outputs, body)
@@ -218,14 +220,20 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_options(opts)
-        host = self._host_for(opts)
-        op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
-        run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: host.all_reduce(t, op)))
+        host = self._host
+        run = None
+        if len(tensors) == 1:
+            tensor = tensors[0]
+            op = reducible(tensor, opts.reduceOp)
+            if op is not None and tensor.is_contiguous():
+                run = lambda: host.all_reduce(tensor, op)  # noqa: E731
+            elif op is not None:
+                run = lambda: _contiguous_run(tensor, lambda t: host.all_reduce(t, op))  # noqa: E731
         return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        host = self._host_for(opts)
+        host = self._host
         ops = {reducible(t, opts.reduceOp) for t in tensors}
         same_dtype = len({t.dtype for t in tensors}) <= 1
         run = None
@@ -242,7 +250,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                             lambda g: g.allreduce_coalesced(tensors, opts), opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Work:
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
         run = None
         if op is not None:
@@ -256,7 +264,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else AllgatherOptions()
-        host = self._host_for(opts)
+        host = self._host
         run = None
         if len(inputs) == 1:
             def run() -> None:
@@ -270,7 +278,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else AllgatherOptions()
-        host = self._host_for(opts)
+        host = self._host
 
         def run() -> None:
             _contiguous_run(output, lambda out: host.all_gather(out, input.contiguous()))
@@ -298,7 +306,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(outputs[0], opts.reduceOp) if len(outputs) == 1 else None
         run = None
         if op is not None:
@@ -311,7 +319,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(output, opts.reduceOp)
         run = None
         if op is not None:
@@ -330,7 +338,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        host = self._host_for(opts)
+        host = self._host
         run = None
         if len(tensors) == 1:
             def run() -> None:
@@ -340,7 +348,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def barrier(self, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BarrierOptions()
-        host = self._host_for(opts)
+        host = self._host
         return self._submit("barrier", [], [], host.barrier, lambda g: g.barrier(opts), opts)
 
     # ---- delegated to gloo ----------------------------------------------------------
