@@ -103,7 +103,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._failures = failures
         if isinstance(self.cross_host, GlooCrossHost):
             self.cross_host.watch = failures.raise_if_published
-        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
+        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe, on_idle=lambda: self._use_waits(sleep=False))
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
         #: Ops handed to the gloo group so far (what this backend does not accelerate).
@@ -139,15 +139,15 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _use_waits(self, sleep: bool) -> None:
         """Sets the communicator's waits for the op that starts now (ops run one at a time, in order):
-        sleeping for async ops, the machine's spin budget for synchronous ones. An async op puts
-        the spinning waits back when it leaves the queue empty, so an op that runs on the caller's
-        thread (nothing queued or running) needs no call here."""
+        sleeping for async ops, the machine's spin budget for synchronous ones. While nothing is
+        queued the waits spin (the op thread puts them back when its queue empties), so an op run
+        on the caller's thread sets nothing."""
         if sleep != self._waits_sleep:
             self._comm.spin_us = 0.0 if sleep else self._spin_us
             self._waits_sleep = sleep
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
-                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any) -> Any:
         """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
 
         With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
@@ -158,25 +158,21 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         other = self._device_group(tensors, op)
         if other is not None:
             return delegated(other)
-        asynchronous = getattr(opts, "asyncOp", True)
         if accelerated is None:
             self.delegated_ops += 1
             run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
-            done = None if asynchronous else self._ops.run_now(op, outputs, run)
         else:
             run = accelerated
-            done = None if asynchronous else self._ops.run_now(op, outputs, accelerated)
-        if done is not None:
-            return done
+        asynchronous = opts.asyncOp
+        if not asynchronous:
+            done = self._ops.run_now(op, outputs, run)
+            if done is not None:
+                return done
 
         def body(work: Work) -> None:
             if accelerated is not None:
                 self._use_waits(sleep=asynchronous)
-            try:
-                run()
-            finally:
-                if asynchronous and not self._ops.queued:
-                    self._use_waits(sleep=False)
+            run()
             work.finish()
 
         return self._ops.submit(op, outputs, body)

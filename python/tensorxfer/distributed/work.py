@@ -138,7 +138,8 @@ class OpThread:
     step), as gloo's process group does.
     """
 
-    def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException]) -> None:
+    def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException],
+                 on_idle: Optional[Callable[[], None]] = None) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: "collections.deque[tuple]" = collections.deque()
@@ -147,6 +148,7 @@ class OpThread:
         self._busy = threading.Lock()
         self._stopping = False
         self._on_error = on_error
+        self._on_idle = on_idle
         self.failure: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -213,7 +215,8 @@ class OpThread:
         self._execute(body, work)
 
     def _execute(self, body: Callable[[Work], None], work: Work) -> None:
-        """Runs ``body`` (the caller holds the lock; this releases it)."""
+        """Runs a queued op's ``body`` (the caller holds the lock; this releases it, first calling
+        ``on_idle`` if the queue is empty: not for ops of :meth:`run_now`, which run only then)."""
         try:
             if self.failure is not None:
                 work.finish(self.failure)
@@ -223,7 +226,11 @@ class OpThread:
             except BaseException as error:  # noqa: BLE001 - every failure goes to the waiter
                 self._fail(work, error)
         finally:
-            self._release()
+            try:
+                if self._on_idle is not None and not self._pending:
+                    self._on_idle()
+            finally:
+                self._release()
 
     def _fail(self, work: Work, error: BaseException) -> None:
         """Fails ``work`` with ``error`` as ``on_error`` maps it; every later op fails too."""
