@@ -229,6 +229,8 @@ class OpThread:
             try:
                 if self._on_idle is not None and not self._pending:
                     self._on_idle()
+            except Exception:  # noqa: BLE001 - a setting for later ops: never worth the op thread
+                pass
             finally:
                 self._release()
 

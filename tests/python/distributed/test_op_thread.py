@@ -203,3 +203,17 @@ def test_an_op_queued_behind_one_running_on_a_caller_runs_without_anyone_waiting
         assert queued.is_completed()
     finally:
         assert ops.stop(10.0)
+
+
+def test_an_on_idle_that_raises_leaves_the_op_thread_running():
+    def broken() -> None:
+        raise RuntimeError("on_idle failed")
+
+    ops = OpThread("test-ops", _keep, on_idle=broken)
+    try:
+        for step in range(3):  # each leaves the queue empty: on_idle runs (and raises) each time
+            ran = threading.Event()
+            _submit(ops, step, ran.set)
+            assert ran.wait(10), f"op {step} never ran: the op thread died"
+    finally:
+        assert ops.stop(10.0)
