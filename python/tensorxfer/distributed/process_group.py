@@ -90,11 +90,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
         self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=self._spin_us)
         # Async ops (DDP's buckets) overlap with the caller's compute: their waits sleep at once, as
-        # spinning there takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step:
-        # 1.41x gloo's speed with sleeping waits, 1.02-1.12x spinning). Synchronous ops keep spinning
-        # waits (sleeping ones made back-to-back 64 MiB all-reduces 1.4x slower). One communicator
-        # whose waits are set per op (a rank-local choice), so ranks that disagree on async_op for
-        # the same collective still meet.
+        # spinning takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step: 1.41x gloo
+        # sleeping, 1.02-1.12x spinning; a 20 us yielding spin: 212-251 ms against 182-188 ms). Sync
+        # ops spin (sleeping made back-to-back 64 MiB all-reduces 1.4x slower). One communicator, its
+        # waits set per op (rank-local), so ranks that disagree on async_op still meet.
         self._waits_sleep = self._spin_us == 0.0
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
@@ -138,10 +137,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return None
 
     def _use_waits(self, sleep: bool) -> None:
-        """Sets the communicator's waits for the op that starts now (ops run one at a time, in order):
-        sleeping for async ops, the machine's spin budget for synchronous ones. While nothing is
-        queued the waits spin (the op thread puts them back when its queue empties), so an op run
-        on the caller's thread sets nothing."""
+        """Sets the waits for the op that starts now: sleeping (async ops) or the spin budget. While
+        nothing is queued they spin (on_idle), so an op run on the caller's thread sets nothing."""
         if sleep != self._waits_sleep:
             self._comm.spin_us = 0.0 if sleep else self._spin_us
             self._waits_sleep = sleep
