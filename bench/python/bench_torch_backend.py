@@ -5,7 +5,9 @@ Launched once, this script starts the rank processes itself (TCP store on
 
 * ``R ranks`` (``--ranks``, default 2 and 4), one host: in-place
   ``dist.all_reduce`` (sum) through a ``"tensorxfer"`` group, through a
-  ``"gloo"`` group, and ``Communicator.all_reduce`` on the same tensor,
+  ``"gloo"`` group, and ``Communicator.all_reduce`` on the same tensor, and
+  the floor: ``dist.all_reduce`` through a backend that does nothing
+  (``noop_backend``: torch's own wrapper and the cheapest work object),
   float32 and bfloat16, every size of ``--sizes``; then (2 ranks) one DDP
   training step of an MLP of about 25M parameters per backend, and the same
   step without DDP (to say how much of the gloo step is communication);
@@ -45,9 +47,41 @@ DDP_LAYERS = [1024, 4096, 4096, 1024]  # 25.2M parameters
 
 
 def loop_count(nbytes: int, quick: bool) -> int:
-    """Ops per timed loop: about 8 MiB moved per loop (2 to 2000 ops), a tenth of that with ``quick``."""
-    count = min(2000, max(2, (8 << 20) // max(nbytes, 1)))
+    """Ops per timed loop: about 32 MiB moved per loop (2 to 4000 ops), a tenth of that with ``quick``.
+
+    (8 MiB made a 1 MiB loop 8 ops, ~0.4 ms: the ranks' skew after the barrier
+    before each loop was a large part of it.)"""
+    count = min(4000, max(2, (32 << 20) // max(nbytes, 1)))
     return max(2, count // 10) if quick else count
+
+
+NOOP_BACKEND = "txbenchnoop"
+
+
+def _register_noop_backend() -> None:
+    """A backend whose all_reduce does nothing: what torch's dist.all_reduce costs around any Python backend.
+
+    It returns the cheapest work object there is (no Python ``__init__``, only
+    ``wait``), so ``noop_backend`` time is the floor no Python backend can go under.
+    """
+    import torch.distributed as dist
+
+    class DoneWork(dist._Work):  # type: ignore[misc,name-defined]
+        __slots__ = ()
+
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+    class NoopProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            return DoneWork()
+
+        def getBackendName(self) -> str:
+            return NOOP_BACKEND
+
+    if NOOP_BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NOOP_BACKEND, lambda store, rank, size, timeout: NoopProcessGroup(rank, size),
+                                      devices=["cpu"])
 
 
 # ---- rank side -----------------------------------------------------------------------------
@@ -89,6 +123,9 @@ def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any
                                    for name, group in groups.items()}
             if comm is not None:
                 ops["communicator"] = lambda: comm.all_reduce(tensor)
+            if "noop" in groups:
+                ops.pop("noop")
+                ops["noop_backend"] = lambda: dist.all_reduce(tensor, group=groups["noop"])
             cross = getattr(groups["tensorxfer"], "cross_host", None)
             if args.hosts and cross is not None:
                 # the floor: the cross-host step alone, on this rank's shard (every rank runs one)
@@ -112,7 +149,8 @@ def _ddp_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any]) -> D
             layers += [torch.nn.Linear(width_in, width_out), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers[:-1])
 
-    models = {name: DistributedDataParallel(mlp(), process_group=group) for name, group in groups.items()}
+    models = {name: DistributedDataParallel(mlp(), process_group=group) for name, group in groups.items()
+              if name != "noop"}
     models["no_communication"] = mlp()
     batch = torch.randn(8, DDP_LAYERS[0])
     optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-4) for name, model in models.items()}
@@ -139,6 +177,8 @@ def rank_main(args: argparse.Namespace) -> None:
     comm = None
     if not args.hosts:
         comm = Communicator(LocalGroup.from_torch(timeout=120), timeout=120)
+        _register_noop_backend()
+        groups["noop"] = dist.new_group(backend=NOOP_BACKEND)
     result: Dict[str, Any] = {"all_reduce": _all_reduce_cases(args, dist, groups, comm)}
     if args.ddp:
         result["ddp"] = _ddp_cases(args, dist, groups)
@@ -200,6 +240,18 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
             # "within 1.2x of Communicator": Communicator time / backend time >= 1/1.2
             report.compare(case, "time per all_reduce", "tensorxfer", "communicator",
                            1 / 1.2 if nbytes >= 64 << 10 else None)
+        if with_communicator:
+            # Paired by round (the variants of one round run back to back): steadier than a ratio of
+            # medians when the machine's slow mode comes and goes between loops.
+            paired = sorted(c / t for c, t in zip(samples["communicator"], samples["tensorxfer"]))
+            report.note(f"{case}: communicator / tensorxfer per round: median {paired[len(paired) // 2]:.2f}x "
+                        f"[{paired[0]:.2f}-{paired[-1]:.2f}]")
+        if with_communicator and "noop_backend" in samples:
+            # The floor: torch's dist.all_reduce around a backend that does nothing, added to Communicator's time.
+            communicator = report.find(case, "communicator", "time per all_reduce").value
+            floor = report.find(case, "noop_backend", "time per all_reduce").value
+            report.note(f"{case}: torch's own dist.all_reduce (no-op backend) {floor:.2f} us; best reachable "
+                        f"communicator / dist.all_reduce {communicator / (communicator + floor):.2f}x")
 
 
 def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:

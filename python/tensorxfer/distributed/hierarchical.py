@@ -37,6 +37,9 @@ from tensorxfer.runtime import Communicator
 REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 #: torch reduce ops Communicator runs, by their Communicator name.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+# Every synchronous op looks these up: a set and a tuple are the cheapest forms.
+_REDUCE_DTYPE_SET = frozenset(REDUCE_DTYPES)
+_REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
 
 
 #: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
@@ -59,18 +62,18 @@ def _copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> Non
 
 def op_name(reduce_op: Any) -> Optional[str]:
     """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
-    for name, torch_op in REDUCE_OPS.items():
-        try:
+    try:
+        for name, torch_op in _REDUCE_OP_ITEMS:
             if reduce_op == torch_op:
                 return name
-        except TypeError:
-            return None
+    except TypeError:
+        return None
     return None
 
 
 def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
     """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None."""
-    if tensor.dtype not in REDUCE_DTYPES:
+    if tensor.dtype not in _REDUCE_DTYPE_SET:
         return None
     return op_name(reduce_op)
 

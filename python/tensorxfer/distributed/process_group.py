@@ -90,11 +90,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._spin_us = spin_us_for_machine(self._store, rank, world_size, len(self.topology.local_ranks))
         self._comm = Communicator(self._group, timeout=self._timeout_s, spin_us=self._spin_us)
         # Async ops (DDP's buckets) overlap with the caller's compute: their waits sleep at once, as
-        # spinning there takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step:
-        # 1.41x gloo's speed with sleeping waits, 1.02-1.12x spinning). Synchronous ops keep spinning
-        # waits (sleeping ones made back-to-back 64 MiB all-reduces 1.4x slower). One communicator
-        # whose waits are set per op (a rank-local choice), so ranks that disagree on async_op for
-        # the same collective still meet.
+        # spinning takes the CPU from backward (2 ranks on 2 CPUs, 25M-parameter DDP step: 1.41x gloo
+        # sleeping, 1.02-1.12x spinning; a 20 us yielding spin: 212-251 ms against 182-188 ms). Sync
+        # ops spin (sleeping made back-to-back 64 MiB all-reduces 1.4x slower). One communicator, its
+        # waits set per op (rank-local), so ranks that disagree on async_op still meet.
         self._waits_sleep = self._spin_us == 0.0
         self.cross_host: Optional[CrossHost] = make_cross_host(self._store, self.topology, timeout)
         self._host = HostCollectives(self.topology, self._comm, self.cross_host, self._timeout_s)
@@ -103,7 +102,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._failures = failures
         if isinstance(self.cross_host, GlooCrossHost):
             self.cross_host.watch = failures.raise_if_published
-        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe)
+        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe, on_idle=lambda: self._use_waits(sleep=False))
         self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
         self._closed = False
         #: Ops handed to the gloo group so far (what this backend does not accelerate).
@@ -132,27 +131,20 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _device_group(self, tensors: List[torch.Tensor], op: str) -> Optional[Any]:
         """None for CPU tensors; for another device, the process group named for it (else raises)."""
-        if all(t.is_cpu for t in tensors):
-            return None
-        return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
+        for tensor in tensors:
+            if not tensor.is_cpu:
+                return self._other_devices.group_for(tensors, op, str(dist.get_backend(self)))
+        return None
 
-    def _host_for(self, opts: Any) -> HostCollectives:
-        """The collectives for an op (their waits are set when the op runs, see :meth:`_with_waits`)."""
-        return self._host
-
-    def _with_waits(self, run: Callable[[], None], sleep: bool) -> Callable[[], None]:
-        """``run`` with the communicator's waits set for it when it starts: sleeping for async ops,
-        the machine's spin budget for synchronous ones (ops run one at a time, in order)."""
-        def with_waits() -> None:
-            if sleep != self._waits_sleep:
-                self._comm.spin_us = 0.0 if sleep else self._spin_us
-                self._waits_sleep = sleep
-            run()
-
-        return with_waits
+    def _use_waits(self, sleep: bool) -> None:
+        """Sets the waits for the op that starts now: sleeping (async ops) or the spin budget. While
+        nothing is queued they spin (on_idle), so an op run on the caller's thread sets nothing."""
+        if sleep != self._waits_sleep:
+            self._comm.spin_us = 0.0 if sleep else self._spin_us
+            self._waits_sleep = sleep
 
     def _submit(self, op: str, outputs: List[Any], tensors: List[torch.Tensor],
-                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any = None) -> Any:
+                accelerated: Optional[Callable[[], None]], delegated: Callable[[Any], Any], opts: Any) -> Any:
         """Queues ``accelerated()`` (when not None) or ``delegated(gloo).wait()``; returns the work.
 
         With ``opts.asyncOp`` False (torch's ``async_op=False``) the caller waits at
@@ -167,13 +159,16 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             self.delegated_ops += 1
             run: Callable[[], None] = lambda: delegated(self._gloo).wait()  # noqa: E731
         else:
-            run = self._with_waits(accelerated, sleep=getattr(opts, "asyncOp", True))
-        if not getattr(opts, "asyncOp", True):
+            run = accelerated
+        asynchronous = opts.asyncOp
+        if not asynchronous:
             done = self._ops.run_now(op, outputs, run)
             if done is not None:
                 return done
 
         def body(work: Work) -> None:
+            if accelerated is not None:
+                self._use_waits(sleep=asynchronous)
             run()
             work.finish()
 
@@ -218,14 +213,20 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_options(opts)
-        host = self._host_for(opts)
-        op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
-        run = None if op is None else (lambda: _contiguous_run(tensors[0], lambda t: host.all_reduce(t, op)))
+        host = self._host
+        run = None
+        if len(tensors) == 1:
+            tensor = tensors[0]
+            op = reducible(tensor, opts.reduceOp)
+            if op is not None and tensor.is_contiguous():
+                run = lambda: host.all_reduce(tensor, op)  # noqa: E731
+            elif op is not None:
+                run = lambda: _contiguous_run(tensor, lambda t: host.all_reduce(t, op))  # noqa: E731
         return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        host = self._host_for(opts)
+        host = self._host
         ops = {reducible(t, opts.reduceOp) for t in tensors}
         same_dtype = len({t.dtype for t in tensors}) <= 1
         run = None
@@ -242,7 +243,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                             lambda g: g.allreduce_coalesced(tensors, opts), opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Work:
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(tensors[0], opts.reduceOp) if len(tensors) == 1 else None
         run = None
         if op is not None:
@@ -256,7 +257,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else AllgatherOptions()
-        host = self._host_for(opts)
+        host = self._host
         run = None
         if len(inputs) == 1:
             def run() -> None:
@@ -270,7 +271,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else AllgatherOptions()
-        host = self._host_for(opts)
+        host = self._host
 
         def run() -> None:
             _contiguous_run(output, lambda out: host.all_gather(out, input.contiguous()))
@@ -298,7 +299,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(outputs[0], opts.reduceOp) if len(outputs) == 1 else None
         run = None
         if op is not None:
@@ -311,7 +312,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        host = self._host_for(opts)
+        host = self._host
         op = reducible(output, opts.reduceOp)
         run = None
         if op is not None:
@@ -330,7 +331,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        host = self._host_for(opts)
+        host = self._host
         run = None
         if len(tensors) == 1:
             def run() -> None:
@@ -340,7 +341,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     def barrier(self, opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BarrierOptions()
-        host = self._host_for(opts)
+        host = self._host
         return self._submit("barrier", [], [], host.barrier, lambda g: g.barrier(opts), opts)
 
     # ---- delegated to gloo ----------------------------------------------------------

@@ -100,6 +100,33 @@ print("ok")
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
 
+def test_waits_sleep_during_async_ops_and_spin_again_once_the_queue_is_empty(tmp_path):
+    # Synchronous ops run on the caller's thread without setting the waits: they rely on
+    # the op thread putting the spinning waits back when its queue empties.
+    code = f"""
+import time, torch, torch.distributed as dist, tensorxfer
+dist.init_process_group("tensorxfer", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+pg = dist.group.WORLD
+spinning = pg._comm.spin_us
+assert spinning > 0, spinning
+seen = []
+pg._host.all_reduce, real = (lambda t, op: (seen.append(pg._comm.spin_us), real(t, op))), pg._host.all_reduce
+works = [dist.all_reduce(torch.ones(100), async_op=True) for _ in range(3)]
+for work in works:
+    work.wait()
+deadline = time.monotonic() + 10
+while pg._comm.spin_us != spinning and time.monotonic() < deadline:
+    time.sleep(0.001)
+assert pg._comm.spin_us == spinning, pg._comm.spin_us
+dist.all_reduce(torch.ones(100))
+assert seen == [0.0, 0.0, 0.0, spinning], seen
+dist.destroy_process_group()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_every_op_matches_gloo(world, tmp_path):
     _ops_match_gloo(world, tmp_path)
