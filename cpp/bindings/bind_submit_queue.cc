@@ -1,0 +1,390 @@
+// tensorxfer._core: the copy services' native submit path
+// (python/tensorxfer/resharding/copy_services/_queue.py).
+//
+// A resharding step submits tens of thousands of ops from a Python loop, so one
+// submit must cost little more than the call. SubmitSide is one direction of a
+// SubmitQueue, written against the CPython API (no pybind11 dispatch per call):
+// its submit() is a METH_FASTCALL method that checks the common case (a torch
+// tensor, an int rank in range, an int task id or None), appends the op to the
+// queue's three columns (Python lists: task ids, tensors, ranks) and records
+// what run() needs of the tensor (address, byte size, contiguous, on the host),
+// read once, while the caller holds the tensor. Anything else goes to the
+// queue's Python submit (`fallback`), which raises what the base class
+// documents or appends through append().
+//
+// The description is taken at submit, as MPI_Isend takes its buffer: the
+// tensor's memory must stay where it is (not resized, not re-pointed) until
+// run() returns; its bytes are read or written during run(). Columns changed
+// other than by appending (send_ops / recv_ops edits) drop the description:
+// run() then describes the tensors it is handed.
+#include <pybind11/numpy.h>
+
+#include <array>
+#include <climits>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "bindings.h"
+
+namespace tensorxfer::bindings {
+namespace {
+
+// Flags of a description row, as _core.describe_spans writes them (_tensors.py reads them).
+constexpr uint64_t kContiguous = 1, kHost = 2, kUndescribed = 8;
+
+// One torch tensor's fields through the CPython API: the methods are looked up
+// and called without bound-method objects.
+class TorchTensorFields {
+ public:
+  TorchTensorFields()
+      : data_ptr_(intern("data_ptr")), nbytes_(intern("nbytes")), is_contiguous_(intern("is_contiguous")),
+        is_cpu_(intern("is_cpu")) {}
+
+  // is_cpu, or nullopt with a Python error set.
+  std::optional<bool> on_host(PyObject* tensor) const { return as_bool(PyObject_GetAttr(tensor, is_cpu_)); }
+
+  // (data_ptr(), nbytes, flags) with `host` already read; nullopt with a Python error set.
+  std::optional<std::array<uint64_t, 3>> read(PyObject* tensor, bool host) const {
+    const auto address = as_u64(call(tensor, data_ptr_));
+    if (!address) return std::nullopt;
+    const auto nbytes = as_u64(PyObject_GetAttr(tensor, nbytes_));
+    if (!nbytes) return std::nullopt;
+    const auto contiguous = as_bool(call(tensor, is_contiguous_));
+    if (!contiguous) return std::nullopt;
+    return std::array<uint64_t, 3>{*address, *nbytes, (*contiguous ? kContiguous : 0) | (host ? kHost : 0)};
+  }
+
+  // All of it (the host flag included); throws error_already_set.
+  std::array<uint64_t, 3> read(PyObject* tensor) const {
+    auto row = read(tensor, false);
+    const auto host = row ? on_host(tensor) : std::nullopt;
+    if (!host) throw py::error_already_set();
+    (*row)[2] |= *host ? kHost : 0;
+    return *row;
+  }
+
+ private:
+  static PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }  // lives as the module does
+  static PyObject* call(PyObject* self, PyObject* name) {
+    PyObject* args[] = {self};
+    return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+  // These take a new reference (or nullptr with an error set) and drop it.
+  static std::optional<uint64_t> as_u64(PyObject* value) {
+    if (value == nullptr) return std::nullopt;
+    const unsigned long long result = PyLong_AsUnsignedLongLong(value);
+    Py_DECREF(value);
+    if (result == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return std::nullopt;
+    return result;
+  }
+  static std::optional<bool> as_bool(PyObject* value) {
+    if (value == nullptr) return std::nullopt;
+    const int result = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    if (result < 0) return std::nullopt;
+    return result == 1;
+  }
+
+  PyObject* data_ptr_;
+  PyObject* nbytes_;
+  PyObject* is_contiguous_;
+  PyObject* is_cpu_;
+};
+
+const TorchTensorFields& torch_fields() {
+  static const TorchTensorFields* const fields = new TorchTensorFields();  // lives as the interpreter does
+  return *fields;
+}
+
+struct SubmitSide {
+  PyObject_HEAD
+  PyObject* ids;          // list: task ids (int or None)
+  PyObject* tensors;      // list: the submitted objects
+  PyObject* ranks;        // list: peers (int)
+  PyObject* tensor_type;  // the type submit() and append() describe natively (torch.Tensor)
+  PyObject* fallback;     // fallback(tensor, rank, task_id=None): the checked Python submit
+  long long low, high;    // submit() takes ranks in [low, high); anything else goes to fallback
+  int host_only;          // submit() takes tensors on the host only
+  int described;          // rows describes every entry of the columns
+  std::vector<uint64_t>* rows;  // (address, nbytes, flags) per entry
+};
+
+PyObject* new_list() { return PyList_New(0); }
+
+bool reset_columns(SubmitSide* self) {
+  PyObject* ids = new_list();
+  PyObject* tensors = new_list();
+  PyObject* ranks = new_list();
+  if (ids == nullptr || tensors == nullptr || ranks == nullptr) {
+    Py_XDECREF(ids);
+    Py_XDECREF(tensors);
+    Py_XDECREF(ranks);
+    return false;
+  }
+  Py_XSETREF(self->ids, ids);
+  Py_XSETREF(self->tensors, tensors);
+  Py_XSETREF(self->ranks, ranks);
+  self->rows->clear();
+  self->described = 1;
+  return true;
+}
+
+// Appends one op: the columns, and its description row (kUndescribed where this
+// side cannot describe it natively; run() describes those).
+PyObject* append_op(SubmitSide* self, PyObject* task_id, PyObject* tensor, PyObject* rank,
+                    const std::array<uint64_t, 3>& row) {
+  const Py_ssize_t before = PyList_GET_SIZE(self->ids);
+  if (PyList_Append(self->ids, task_id) < 0 || PyList_Append(self->tensors, tensor) < 0 ||
+      PyList_Append(self->ranks, rank) < 0) {
+    // Keep the columns of one length (only a failed allocation gets here).
+    PyList_SetSlice(self->ids, before, PY_SSIZE_T_MAX, nullptr);
+    PyList_SetSlice(self->tensors, before, PY_SSIZE_T_MAX, nullptr);
+    PyList_SetSlice(self->ranks, before, PY_SSIZE_T_MAX, nullptr);
+    return nullptr;
+  }
+  self->rows->insert(self->rows->end(), row.begin(), row.end());
+  Py_RETURN_NONE;
+}
+
+// A full description of an object of tensor_type, or a kUndescribed row (run()
+// describes it again and raises what it raises there, agreed among the ranks).
+std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
+  if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type)) {
+    const auto& fields = torch_fields();
+    const auto host = fields.on_host(tensor);
+    const auto row = host ? fields.read(tensor, *host) : std::nullopt;
+    if (row) return *row;
+    PyErr_Clear();
+  }
+  return {0, 0, kUndescribed};
+}
+
+bool small_int_in(PyObject* value, long long low, long long high) {
+  if (!PyLong_CheckExact(value)) return false;
+  int overflow = 0;
+  const long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+  return overflow == 0 && number >= low && number < high;
+}
+
+bool task_id_ok(PyObject* task_id) {
+  if (task_id == Py_None) return true;
+  if (!PyLong_CheckExact(task_id)) return false;
+  int overflow = 0;
+  PyLong_AsLongLongAndOverflow(task_id, &overflow);
+  return overflow == 0 && !PyErr_Occurred();
+}
+
+// submit(tensor, rank, task_id=None)
+PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames == nullptr && (nargs == 2 || nargs == 3)) {
+    PyObject* tensor = args[0];
+    PyObject* rank = args[1];
+    PyObject* task_id = nargs == 3 ? args[2] : Py_None;
+    if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type) &&
+        small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
+      const auto& fields = torch_fields();
+      const auto host = fields.on_host(tensor);
+      if (!host) PyErr_Clear();
+      if (host && (*host || !self->host_only)) {
+        std::array<uint64_t, 3> row{0, 0, kUndescribed};
+        if (const auto read = fields.read(tensor, *host)) {
+          row = *read;
+        } else {
+          PyErr_Clear();  // e.g. a sparse tensor: run() describes it and raises there, as before
+        }
+        return append_op(self, task_id, tensor, rank, row);
+      }
+    }
+  }
+  return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+// append(task_id, tensor, rank): an op already checked (or, from send_ops.append, not checked).
+PyObject* side_append(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "append(task_id, tensor, rank) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  return append_op(self, args[0], args[1], args[2], describe_or_defer(self, args[1]));
+}
+
+// take() -> (ids, tensors, ranks, rows (n, 3) uint64 or None when not described): empties the side.
+PyObject* side_take(SubmitSide* self, PyObject*) {
+  try {
+    py::object rows = py::none();
+    if (self->described) {
+      const auto count = static_cast<py::ssize_t>(self->rows->size() / 3);
+      py::array_t<uint64_t> array({count, py::ssize_t{3}});
+      if (count) std::memcpy(array.mutable_data(), self->rows->data(), self->rows->size() * sizeof(uint64_t));
+      rows = std::move(array);
+    }
+    PyObject* taken = PyTuple_Pack(4, self->ids, self->tensors, self->ranks, rows.ptr());
+    if (taken == nullptr || !reset_columns(self)) {
+      Py_XDECREF(taken);
+      return nullptr;
+    }
+    return taken;
+  } catch (py::error_already_set& error) {
+    error.restore();
+    return nullptr;
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_MemoryError, error.what());
+    return nullptr;
+  }
+}
+
+PyObject* side_forget_description(SubmitSide* self, PyObject*) {
+  self->described = 0;
+  self->rows->clear();
+  Py_RETURN_NONE;
+}
+
+PyObject* side_clear(SubmitSide* self, PyObject*) {
+  if (PyList_SetSlice(self->ids, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
+      PyList_SetSlice(self->tensors, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
+      PyList_SetSlice(self->ranks, 0, PY_SSIZE_T_MAX, nullptr) < 0) {
+    return nullptr;
+  }
+  self->rows->clear();
+  self->described = 1;
+  Py_RETURN_NONE;
+}
+
+// set_checks(tensor_type, low, high, host_only)
+PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
+  PyObject* tensor_type = nullptr;
+  long long low = 0, high = 0;
+  int host_only = 1;
+  if (!PyArg_ParseTuple(args, "O!LLp", &PyType_Type, &tensor_type, &low, &high, &host_only)) return nullptr;
+  Py_INCREF(tensor_type);
+  Py_XSETREF(self->tensor_type, tensor_type);
+  self->low = low;
+  self->high = high;
+  self->host_only = host_only;
+  Py_RETURN_NONE;
+}
+
+int side_init(SubmitSide* self, PyObject* args, PyObject* kwargs) {
+  static const char* keywords[] = {"fallback", nullptr};
+  PyObject* fallback = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", const_cast<char**>(keywords), &fallback)) return -1;
+  if (!PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "SubmitSide: fallback must be callable");
+    return -1;
+  }
+  Py_INCREF(fallback);
+  Py_XSETREF(self->fallback, fallback);
+  Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));  // no type described until set_checks
+  Py_XSETREF(self->tensor_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  self->low = self->high = 0;  // every submit takes the fallback until set_checks
+  self->host_only = 1;
+  if (self->rows == nullptr) self->rows = new (std::nothrow) std::vector<uint64_t>();
+  if (self->rows == nullptr) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return reset_columns(self) ? 0 : -1;
+}
+
+int side_traverse(SubmitSide* self, visitproc visit, void* arg) {
+  Py_VISIT(self->ids);
+  Py_VISIT(self->tensors);
+  Py_VISIT(self->ranks);
+  Py_VISIT(self->tensor_type);
+  Py_VISIT(self->fallback);
+  return 0;
+}
+
+int side_clear_references(SubmitSide* self) {
+  Py_CLEAR(self->ids);
+  Py_CLEAR(self->tensors);
+  Py_CLEAR(self->ranks);
+  Py_CLEAR(self->tensor_type);
+  Py_CLEAR(self->fallback);
+  return 0;
+}
+
+void side_dealloc(SubmitSide* self) {
+  PyObject_GC_UnTrack(self);
+  side_clear_references(self);
+  delete self->rows;
+  self->rows = nullptr;
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyObject* side_ids(SubmitSide* self, void*) { return Py_NewRef(self->ids); }
+PyObject* side_tensors(SubmitSide* self, void*) { return Py_NewRef(self->tensors); }
+PyObject* side_ranks(SubmitSide* self, void*) { return Py_NewRef(self->ranks); }
+PyObject* side_described(SubmitSide* self, void*) { return PyBool_FromLong(self->described); }
+
+PyMethodDef side_methods[] = {
+    {"submit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_submit)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "submit($self, tensor, rank, task_id=None)\n--\n\nQueue one op (the fallback checks anything but the common case)."},
+    {"append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_append)), METH_FASTCALL,
+     "append($self, task_id, tensor, rank, /)\n--\n\nQueue an op as it is (described where this side can)."},
+    {"take", reinterpret_cast<PyCFunction>(side_take), METH_NOARGS,
+     "take($self, /)\n--\n\n(ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, "
+     "nbytes, flags) as describe_spans, flag 8 where not described, or None when the columns were changed other "
+     "than by appending."},
+    {"forget_description", reinterpret_cast<PyCFunction>(side_forget_description), METH_NOARGS,
+     "forget_description($self, /)\n--\n\nThe columns were changed other than by appending: take() returns rows=None until they are emptied."},
+    {"clear", reinterpret_cast<PyCFunction>(side_clear), METH_NOARGS, "clear($self, /)\n--\n\nEmpties the columns (the same lists)."},
+    {"set_checks", reinterpret_cast<PyCFunction>(side_set_checks), METH_VARARGS,
+     "set_checks($self, tensor_type, low, high, host_only, /)\n--\n\nWhat submit() takes without the fallback."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef side_getset[] = {
+    {"ids", reinterpret_cast<getter>(side_ids), nullptr, "The task-id column (a list).", nullptr},
+    {"tensors", reinterpret_cast<getter>(side_tensors), nullptr, "The tensor column (a list).", nullptr},
+    {"ranks", reinterpret_cast<getter>(side_ranks), nullptr, "The peer column (a list).", nullptr},
+    {"described", reinterpret_cast<getter>(side_described), nullptr,
+     "Whether take() would return the rows (no column changed other than by appending).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot side_slots[] = {
+    {Py_tp_doc, const_cast<char*>("SubmitSide(fallback)\n--\n\nOne direction of a copy service's submit queue, "
+                                  "with a native submit (copy_services/_queue.py).")},
+    {Py_tp_init, reinterpret_cast<void*>(side_init)},
+    {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(side_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(side_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(side_clear_references)},
+    {Py_tp_methods, side_methods},
+    {Py_tp_getset, side_getset},
+    {0, nullptr}};
+
+PyType_Spec side_spec = {"tensorxfer._core.SubmitSide", sizeof(SubmitSide), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, side_slots};
+
+}  // namespace
+
+void bind_submit_queue(py::module_& module) {
+  PyObject* type = PyType_FromSpec(&side_spec);
+  if (type == nullptr) throw py::error_already_set();
+  module.add_object("SubmitSide", py::reinterpret_steal<py::object>(type));
+
+  module.def(
+      "describe_torch_tensors",
+      [](const py::list& tensors) {
+        const auto count = static_cast<py::ssize_t>(tensors.size());
+        py::array_t<uint64_t> result({count, py::ssize_t{3}});
+        auto rows = result.mutable_unchecked<2>();
+        for (py::ssize_t i = 0; i < count; ++i) {
+          const auto row = torch_fields().read(PyList_GET_ITEM(tensors.ptr(), i));
+          rows(i, 0) = row[0];
+          rows(i, 1) = row[1];
+          rows(i, 2) = row[2];
+        }
+        return result;
+      },
+      py::arg("tensors"),
+      "(n, 3) uint64 array of (data_ptr(), nbytes, flags: 1 contiguous, 2 on the host) of each torch tensor in "
+      "the list (the copy services' _tensors.describe_many; any object with those attributes works).");
+}
+
+}  // namespace tensorxfer::bindings
