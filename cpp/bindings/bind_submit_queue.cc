@@ -22,80 +22,17 @@
 #include <array>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <vector>
 
 #include "bindings.h"
+#include "torch_tensor_fields.h"
 
 namespace tensorxfer::bindings {
 namespace {
 
-// Flags of a description row, as _core.describe_spans writes them (_tensors.py reads them).
-constexpr uint64_t kContiguous = 1, kHost = 2, kUndescribed = 8;
-
-// One torch tensor's fields through the CPython API: the methods are looked up
-// and called without bound-method objects.
-class TorchTensorFields {
- public:
-  TorchTensorFields()
-      : data_ptr_(intern("data_ptr")), nbytes_(intern("nbytes")), is_contiguous_(intern("is_contiguous")),
-        is_cpu_(intern("is_cpu")) {}
-
-  // is_cpu, or nullopt with a Python error set.
-  std::optional<bool> on_host(PyObject* tensor) const { return as_bool(PyObject_GetAttr(tensor, is_cpu_)); }
-
-  // (data_ptr(), nbytes, flags) with `host` already read; nullopt with a Python error set.
-  std::optional<std::array<uint64_t, 3>> read(PyObject* tensor, bool host) const {
-    const auto address = as_u64(call(tensor, data_ptr_));
-    if (!address) return std::nullopt;
-    const auto nbytes = as_u64(PyObject_GetAttr(tensor, nbytes_));
-    if (!nbytes) return std::nullopt;
-    const auto contiguous = as_bool(call(tensor, is_contiguous_));
-    if (!contiguous) return std::nullopt;
-    return std::array<uint64_t, 3>{*address, *nbytes, (*contiguous ? kContiguous : 0) | (host ? kHost : 0)};
-  }
-
-  // All of it (the host flag included); throws error_already_set.
-  std::array<uint64_t, 3> read(PyObject* tensor) const {
-    auto row = read(tensor, false);
-    const auto host = row ? on_host(tensor) : std::nullopt;
-    if (!host) throw py::error_already_set();
-    (*row)[2] |= *host ? kHost : 0;
-    return *row;
-  }
-
- private:
-  static PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }  // lives as the module does
-  static PyObject* call(PyObject* self, PyObject* name) {
-    PyObject* args[] = {self};
-    return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  }
-  // These take a new reference (or nullptr with an error set) and drop it.
-  static std::optional<uint64_t> as_u64(PyObject* value) {
-    if (value == nullptr) return std::nullopt;
-    const unsigned long long result = PyLong_AsUnsignedLongLong(value);
-    Py_DECREF(value);
-    if (result == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return std::nullopt;
-    return result;
-  }
-  static std::optional<bool> as_bool(PyObject* value) {
-    if (value == nullptr) return std::nullopt;
-    const int result = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    if (result < 0) return std::nullopt;
-    return result == 1;
-  }
-
-  PyObject* data_ptr_;
-  PyObject* nbytes_;
-  PyObject* is_contiguous_;
-  PyObject* is_cpu_;
-};
-
-const TorchTensorFields& torch_fields() {
-  static const TorchTensorFields* const fields = new TorchTensorFields();  // lives as the interpreter does
-  return *fields;
-}
+constexpr uint64_t kUndescribed = 8;  // a row run() describes (the flags of _core.describe_spans)
 
 struct SubmitSide {
   PyObject_HEAD
@@ -108,6 +45,7 @@ struct SubmitSide {
   int host_only;          // submit() takes tensors on the host only
   int described;          // rows describes every entry of the columns
   std::vector<uint64_t>* rows;  // (address, nbytes, flags) per entry
+  TorchTensorFields* fields;    // resolved for tensor_type
 };
 
 PyObject* new_list() { return PyList_New(0); }
@@ -151,7 +89,7 @@ PyObject* append_op(SubmitSide* self, PyObject* task_id, PyObject* tensor, PyObj
 // describes it again and raises what it raises there, agreed among the ranks).
 std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
   if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type)) {
-    const auto& fields = torch_fields();
+    const auto& fields = *self->fields;
     const auto host = fields.on_host(tensor);
     const auto row = host ? fields.read(tensor, *host) : std::nullopt;
     if (row) return *row;
@@ -184,7 +122,7 @@ PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf
     PyObject* task_id = nargs == 3 ? args[2] : Py_None;
     if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type) &&
         small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
-      const auto& fields = torch_fields();
+      const auto& fields = *self->fields;
       const auto host = fields.on_host(tensor);
       if (!host) PyErr_Clear();
       if (host && (*host || !self->host_only)) {
@@ -258,6 +196,10 @@ PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
   long long low = 0, high = 0;
   int host_only = 1;
   if (!PyArg_ParseTuple(args, "O!LLp", &PyType_Type, &tensor_type, &low, &high, &host_only)) return nullptr;
+  auto* fields = new (std::nothrow) TorchTensorFields(torch_fields(), reinterpret_cast<PyTypeObject*>(tensor_type));
+  if (fields == nullptr) return PyErr_NoMemory();
+  delete self->fields;
+  self->fields = fields;
   Py_INCREF(tensor_type);
   Py_XSETREF(self->tensor_type, tensor_type);
   self->low = low;
@@ -278,10 +220,11 @@ int side_init(SubmitSide* self, PyObject* args, PyObject* kwargs) {
   Py_XSETREF(self->fallback, fallback);
   Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));  // no type described until set_checks
   Py_XSETREF(self->tensor_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  if (self->fields == nullptr) self->fields = new (std::nothrow) TorchTensorFields(torch_fields(), nullptr);
   self->low = self->high = 0;  // every submit takes the fallback until set_checks
   self->host_only = 1;
   if (self->rows == nullptr) self->rows = new (std::nothrow) std::vector<uint64_t>();
-  if (self->rows == nullptr) {
+  if (self->rows == nullptr || self->fields == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -311,6 +254,8 @@ void side_dealloc(SubmitSide* self) {
   side_clear_references(self);
   delete self->rows;
   self->rows = nullptr;
+  delete self->fields;
+  self->fields = nullptr;
   PyTypeObject* type = Py_TYPE(self);
   type->tp_free(self);
   Py_DECREF(type);
