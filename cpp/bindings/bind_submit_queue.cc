@@ -5,7 +5,7 @@
 // submit must cost little more than the call. SubmitSide is one direction of a
 // SubmitQueue, written against the CPython API (no pybind11 dispatch per call):
 // its submit() is a METH_FASTCALL method that checks the common case (a torch
-// tensor, an int rank in range, an int task id or None), appends the op to the
+// tensor or numpy array, an int rank in range, an int task id or None), appends the op to the
 // queue's three columns (Python lists: task ids, tensors, ranks) and records
 // what run() needs of the tensor (address, byte size, contiguous, on the host),
 // read once, while the caller holds the tensor. Anything else goes to the
@@ -40,9 +40,11 @@ struct SubmitSide {
   PyObject* tensors;      // list: the submitted objects
   PyObject* ranks;        // list: peers (int)
   PyObject* tensor_type;  // the type submit() and append() describe natively (torch.Tensor)
+  PyObject* array_type;   // the array type submit() describes through the buffer protocol (numpy.ndarray)
   PyObject* fallback;     // fallback(tensor, rank, task_id=None): the checked Python submit
   long long low, high;    // submit() takes ranks in [low, high); anything else goes to fallback
   int host_only;          // submit() takes tensors on the host only
+  int writable;           // a receive side: submit() takes writable arrays only
   int described;          // rows describes every entry of the columns
   std::vector<uint64_t>* rows;  // (address, nbytes, flags) per entry
   TorchTensorFields* fields;    // resolved for tensor_type
@@ -113,6 +115,35 @@ bool task_id_ok(PyObject* task_id) {
   return overflow == 0 && !PyErr_Occurred();
 }
 
+// A tensor of tensor_type submit() takes, described; nullopt for one the fallback must check.
+std::optional<std::array<uint64_t, 3>> submitted_tensor(SubmitSide* self, PyObject* tensor) {
+  const auto& fields = *self->fields;
+  const auto host = fields.on_host(tensor);
+  if (!host) PyErr_Clear();
+  if (!host || (!*host && self->host_only)) return std::nullopt;
+  if (const auto row = fields.read(tensor, *host)) return row;
+  PyErr_Clear();  // e.g. a sparse tensor: run() describes it and raises there, as before
+  return std::array<uint64_t, 3>{0, 0, kUndescribed};
+}
+
+// An array of array_type submit() takes, described as _core.describe_spans does; nullopt for
+// one the fallback must check or refuse (an array of objects, a read-only receive, a format
+// the buffer protocol refuses).
+std::optional<std::array<uint64_t, 3>> submitted_array(SubmitSide* self, PyObject* array) {
+  Py_buffer buffer;
+  if (PyObject_GetBuffer(array, &buffer, self->writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  const bool objects = buffer.format != nullptr && std::strchr(buffer.format, 'O') != nullptr;
+  const std::array<uint64_t, 3> row{static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(buffer.buf)),
+                                    static_cast<uint64_t>(buffer.len),
+                                    (PyBuffer_IsContiguous(&buffer, 'C') ? kContiguous : 0) | kHost};
+  PyBuffer_Release(&buffer);
+  if (objects) return std::nullopt;
+  return row;
+}
+
 // submit(tensor, rank, task_id=None)
 PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -120,20 +151,14 @@ PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf
     PyObject* tensor = args[0];
     PyObject* rank = args[1];
     PyObject* task_id = nargs == 3 ? args[2] : Py_None;
-    if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type) &&
-        small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
-      const auto& fields = *self->fields;
-      const auto host = fields.on_host(tensor);
-      if (!host) PyErr_Clear();
-      if (host && (*host || !self->host_only)) {
-        std::array<uint64_t, 3> row{0, 0, kUndescribed};
-        if (const auto read = fields.read(tensor, *host)) {
-          row = *read;
-        } else {
-          PyErr_Clear();  // e.g. a sparse tensor: run() describes it and raises there, as before
-        }
-        return append_op(self, task_id, tensor, rank, row);
+    if (small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
+      std::optional<std::array<uint64_t, 3>> row;
+      if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type)) {
+        row = submitted_tensor(self, tensor);
+      } else if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->array_type)) {
+        row = submitted_array(self, tensor);
       }
+      if (row) return append_op(self, task_id, tensor, rank, *row);
     }
   }
   return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
@@ -190,18 +215,24 @@ PyObject* side_clear(SubmitSide* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// set_checks(tensor_type, low, high, host_only)
+// set_checks(tensor_type, array_type, low, high, host_only)
 PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
   PyObject* tensor_type = nullptr;
+  PyObject* array_type = nullptr;
   long long low = 0, high = 0;
   int host_only = 1;
-  if (!PyArg_ParseTuple(args, "O!LLp", &PyType_Type, &tensor_type, &low, &high, &host_only)) return nullptr;
+  if (!PyArg_ParseTuple(args, "O!O!LLp", &PyType_Type, &tensor_type, &PyType_Type, &array_type, &low, &high,
+                        &host_only)) {
+    return nullptr;
+  }
   auto* fields = new (std::nothrow) TorchTensorFields(torch_fields(), reinterpret_cast<PyTypeObject*>(tensor_type));
   if (fields == nullptr) return PyErr_NoMemory();
   delete self->fields;
   self->fields = fields;
   Py_INCREF(tensor_type);
   Py_XSETREF(self->tensor_type, tensor_type);
+  Py_INCREF(array_type);
+  Py_XSETREF(self->array_type, array_type);
   self->low = low;
   self->high = high;
   self->host_only = host_only;
@@ -209,9 +240,12 @@ PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
 }
 
 int side_init(SubmitSide* self, PyObject* args, PyObject* kwargs) {
-  static const char* keywords[] = {"fallback", nullptr};
+  static const char* keywords[] = {"fallback", "writable", nullptr};
   PyObject* fallback = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", const_cast<char**>(keywords), &fallback)) return -1;
+  int writable = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", const_cast<char**>(keywords), &fallback, &writable)) {
+    return -1;
+  }
   if (!PyCallable_Check(fallback)) {
     PyErr_SetString(PyExc_TypeError, "SubmitSide: fallback must be callable");
     return -1;
@@ -220,6 +254,9 @@ int side_init(SubmitSide* self, PyObject* args, PyObject* kwargs) {
   Py_XSETREF(self->fallback, fallback);
   Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));  // no type described until set_checks
   Py_XSETREF(self->tensor_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  Py_XSETREF(self->array_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  self->writable = writable;
   if (self->fields == nullptr) self->fields = new (std::nothrow) TorchTensorFields(torch_fields(), nullptr);
   self->low = self->high = 0;  // every submit takes the fallback until set_checks
   self->host_only = 1;
@@ -236,6 +273,7 @@ int side_traverse(SubmitSide* self, visitproc visit, void* arg) {
   Py_VISIT(self->tensors);
   Py_VISIT(self->ranks);
   Py_VISIT(self->tensor_type);
+  Py_VISIT(self->array_type);
   Py_VISIT(self->fallback);
   return 0;
 }
@@ -245,6 +283,7 @@ int side_clear_references(SubmitSide* self) {
   Py_CLEAR(self->tensors);
   Py_CLEAR(self->ranks);
   Py_CLEAR(self->tensor_type);
+  Py_CLEAR(self->array_type);
   Py_CLEAR(self->fallback);
   return 0;
 }
@@ -280,7 +319,7 @@ PyMethodDef side_methods[] = {
      "forget_description($self, /)\n--\n\nThe columns were changed other than by appending: take() returns rows=None until they are emptied."},
     {"clear", reinterpret_cast<PyCFunction>(side_clear), METH_NOARGS, "clear($self, /)\n--\n\nEmpties the columns (the same lists)."},
     {"set_checks", reinterpret_cast<PyCFunction>(side_set_checks), METH_VARARGS,
-     "set_checks($self, tensor_type, low, high, host_only, /)\n--\n\nWhat submit() takes without the fallback."},
+     "set_checks($self, tensor_type, array_type, low, high, host_only, /)\n--\n\nWhat submit() takes without the fallback."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef side_getset[] = {
@@ -292,7 +331,7 @@ PyGetSetDef side_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyType_Slot side_slots[] = {
-    {Py_tp_doc, const_cast<char*>("SubmitSide(fallback)\n--\n\nOne direction of a copy service's submit queue, "
+    {Py_tp_doc, const_cast<char*>("SubmitSide(fallback, writable=False)\n--\n\nOne direction of a copy service's submit queue, "
                                   "with a native submit (copy_services/_queue.py).")},
     {Py_tp_init, reinterpret_cast<void*>(side_init)},
     {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},

@@ -531,7 +531,7 @@ class SubmitSide:
         """
         The columns were changed other than by appending: take() returns rows=None until they are emptied.
         """
-    def set_checks(self, tensor_type, low, high, host_only):
+    def set_checks(self, tensor_type, array_type, low, high, host_only):
         """
         What submit() takes without the fallback.
         """

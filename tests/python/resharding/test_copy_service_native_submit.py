@@ -8,6 +8,8 @@ the tensors it is handed, and the documented choice of when a tensor is read.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -36,12 +38,15 @@ def test_torch_submits_are_described_at_submit_as_describe_many_would():
     tensors = [torch.zeros(4096, dtype=torch.uint8), base[3:9], base.view(8, 8).t(), torch.empty(0)]
     for index, tensor in enumerate(tensors):
         queue.submit_send(tensor, 1, index)
-    queue.submit_send(np.zeros(5, np.uint8), 2, 99)  # through the checked path: described at run
+    array = np.zeros(5, np.uint8)
+    queue.submit_send(array, 2, 99)  # a numpy array: through the buffer protocol
+    queue.submit_send(np.zeros(3, "datetime64[s]"), 1, 101)  # a format the buffer protocol refuses
     queue.submit_send(torch.zeros(3, 3).to_sparse(), 3, 100)  # no data pointer: described (and raising) at run
     sends, _ = queue.take()
     assert sends.rows is not None and sends.rows[:, 2].tolist()[-2:] == [8, 8]  # undescribed
     native = _core_rows(tensors)
     assert sends.rows[:4].tolist() == native.tolist()
+    assert sends.rows[4].tolist() == [array.ctypes.data, 5, 3]  # contiguous, on the host
     with pytest.raises(RuntimeError, match="data pointer"):
         sends.spans()  # what describing the sparse tensor raises, as before
     array = np.arange(3, dtype=np.int16)
@@ -88,7 +93,8 @@ def test_what_run_is_handed_describes_the_tensors_it_is_handed(steps):
     that of the tensors run() gets (taken at submit where nothing changed them since)."""
     torch, queue = _torch_queue()
     base = torch.arange(96, dtype=torch.uint8)
-    tensors = [torch.zeros(k + 1, dtype=torch.float32) for k in range(4)] + [base.view(8, 12).t(), base[5:9]]
+    tensors = [torch.zeros(k + 1, dtype=torch.float32) for k in range(3)] + [base.view(8, 12).t(), base[5:9],
+                                                                           np.arange(20.0).reshape(4, 5).T]
     view = queue.send_ops
     for action, index in steps:
         op = SendOp(index, tensors[index], 1)
@@ -136,3 +142,32 @@ def test_a_tensor_is_taken_at_submit_and_its_bytes_at_run():
     service.submit_recv(target, 0, 2)
     service.run()
     assert elsewhere.tolist() == [7] * 16
+
+
+def test_the_native_path_holds_exactly_the_references_it_takes():
+    """Submits keep each object alive until run() takes the ops; nothing leaks (a reference
+    held too long or dropped too early would change these counts)."""
+    import sys
+
+    torch = pytest.importorskip("torch")
+    tensor, task_id, rank = torch.zeros(4), 10**12 + 7, 1
+    descriptors = [torch.Tensor.__dict__.get(name) or torch._C.TensorBase.__dict__[name]
+                   for name in ("data_ptr", "nbytes", "is_contiguous", "is_cpu")]
+    gc.collect()  # queues of earlier tests (a queue and its sides form a cycle)
+    before = [sys.getrefcount(item) for item in [tensor, task_id, *descriptors]]
+    alone = sys.getrefcount(tensor)
+    for _ in range(50):
+        queue = SubmitQueue("Recorder", 4)
+        for _ in range(20):
+            queue.submit_send(tensor, rank, task_id)  # native
+            queue.submit_recv(tensor, rank, task_id=task_id)  # keywords: the checked path
+        assert sys.getrefcount(tensor) == alone + 40
+        sends, recvs = queue.take()
+        assert len(sends.tensors) == len(recvs.tensors) == 20
+        del sends, recvs
+        with pytest.raises(ValueError):
+            queue.submit_send(tensor, 9, task_id)
+        queue.close()
+        del queue
+    gc.collect()
+    assert [sys.getrefcount(item) for item in [tensor, task_id, *descriptors]] == before

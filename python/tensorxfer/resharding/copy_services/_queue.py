@@ -6,8 +6,8 @@ little more than the call, and allocate nothing the garbage collector tracks
 direction is a native ``_core.SubmitSide``: three plain lists (task ids,
 tensors, ranks), the queue's only store, and what run() needs of each tensor
 (address, byte size, contiguous, on the host), read as it is submitted. Its
-``submit`` takes the common case (a torch tensor, an int rank in range, an int
-task id or None) without entering Python; anything else comes back to this
+``submit`` takes the common case (a torch tensor or numpy array, an int rank in
+range, an int task id or None) without entering Python; anything else comes back to this
 module's checked submit, which raises what the base class documents.
 
 A tensor's memory is taken at submit, as ``MPI_Isend`` takes its buffer: it
@@ -72,7 +72,7 @@ class SubmitQueue:
         self._same_rank_message = same_rank_message
         self._torch_type: type = _tensors.torch_tensor_type()  # the native path's, once torch is seen
         self._sides: Dict[type, Any] = {SendOp: _core.SubmitSide(self._submit_send_checked),
-                       RecvOp: _core.SubmitSide(self._submit_recv_checked)}
+                       RecvOp: _core.SubmitSide(self._submit_recv_checked, writable=True)}
         self.submit_send = self._sides[SendOp].submit
         self.submit_recv = self._sides[RecvOp].submit
         self._update_checks()
@@ -91,7 +91,7 @@ class SubmitQueue:
     def _update_checks(self) -> None:
         """Tells the native submits what they may take without the checked path."""
         for side in self._sides.values():
-            side.set_checks(self._torch_type, self._low, self._high, self._host_only)
+            side.set_checks(self._torch_type, _ndarray, self._low, self._high, self._host_only)
 
     def side(self, op_type: type) -> Any:
         """The native store of one direction (SendOp: the sends)."""

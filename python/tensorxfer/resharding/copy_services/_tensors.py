@@ -115,7 +115,9 @@ def describe_many(objects: list, rows: Optional[np.ndarray] = None) -> Spans:
         rows = _native_rows(objects)
     else:
         undescribed = np.flatnonzero(rows[:, 2] & _UNKNOWN)
-        if undescribed.size:
+        if undescribed.size == len(objects):
+            rows = _native_rows(objects)
+        elif undescribed.size:
             rows[undescribed] = _native_rows([objects[int(i)] for i in undescribed])
     flags = rows[:, 2]
     return Spans(rows[:, 0].copy(), rows[:, 1].astype(np.int64), (flags & _CONTIGUOUS) != 0, (flags & _HOST) != 0)
