@@ -300,9 +300,13 @@ void side_dealloc(SubmitSide* self) {
   Py_DECREF(type);
 }
 
-PyObject* side_ids(SubmitSide* self, void*) { return Py_NewRef(self->ids); }
-PyObject* side_tensors(SubmitSide* self, void*) { return Py_NewRef(self->tensors); }
-PyObject* side_ranks(SubmitSide* self, void*) { return Py_NewRef(self->ranks); }
+PyObject* new_reference(PyObject* object) {  // Py_NewRef, which Python 3.9 lacks
+  Py_INCREF(object);
+  return object;
+}
+PyObject* side_ids(SubmitSide* self, void*) { return new_reference(self->ids); }
+PyObject* side_tensors(SubmitSide* self, void*) { return new_reference(self->tensors); }
+PyObject* side_ranks(SubmitSide* self, void*) { return new_reference(self->ranks); }
 PyObject* side_described(SubmitSide* self, void*) { return PyBool_FromLong(self->described); }
 
 PyMethodDef side_methods[] = {
