@@ -40,6 +40,7 @@ struct SubmitSide {
   PyObject* tensors;      // list: the submitted objects
   PyObject* ranks;        // list: peers (int)
   PyObject* tensor_type;  // the type submit() and append() describe natively (torch.Tensor)
+  PyObject* tensor_subtype;  // a subclass of it found to read alike (torch.nn.Parameter), or nullptr
   PyObject* array_type;   // the array type submit() describes through the buffer protocol (numpy.ndarray)
   PyObject* fallback;     // fallback(tensor, rank, task_id=None): the checked Python submit
   long long low, high;    // submit() takes ranks in [low, high); anything else goes to fallback
@@ -87,10 +88,27 @@ PyObject* append_op(SubmitSide* self, PyObject* task_id, PyObject* tensor, PyObj
   Py_RETURN_NONE;
 }
 
+// Whether `object` is a tensor this side describes natively: of tensor_type, or of a subclass
+// whose fields are tensor_type's (the last such subclass is remembered).
+bool native_tensor(SubmitSide* self, PyObject* object) {
+  PyTypeObject* type = Py_TYPE(object);
+  if (type == reinterpret_cast<PyTypeObject*>(self->tensor_type) ||
+      reinterpret_cast<PyObject*>(type) == self->tensor_subtype) {
+    return true;
+  }
+  if (!PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(self->tensor_type)) ||
+      !self->fields->read_alike(type)) {
+    return false;
+  }
+  Py_INCREF(type);
+  Py_XSETREF(self->tensor_subtype, reinterpret_cast<PyObject*>(type));
+  return true;
+}
+
 // A full description of an object of tensor_type, or a kUndescribed row (run()
 // describes it again and raises what it raises there, agreed among the ranks).
 std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
-  if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type)) {
+  if (native_tensor(self, tensor)) {
     const auto& fields = *self->fields;
     const auto host = fields.on_host(tensor);
     const auto row = host ? fields.read(tensor, *host) : std::nullopt;
@@ -153,10 +171,10 @@ PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf
     PyObject* task_id = nargs == 3 ? args[2] : Py_None;
     if (small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
       std::optional<std::array<uint64_t, 3>> row;
-      if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->tensor_type)) {
-        row = submitted_tensor(self, tensor);
-      } else if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->array_type)) {
+      if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->array_type)) {
         row = submitted_array(self, tensor);
+      } else if (native_tensor(self, tensor)) {
+        row = submitted_tensor(self, tensor);
       }
       if (row) return append_op(self, task_id, tensor, rank, *row);
     }
@@ -231,6 +249,7 @@ PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
   self->fields = fields;
   Py_INCREF(tensor_type);
   Py_XSETREF(self->tensor_type, tensor_type);
+  Py_CLEAR(self->tensor_subtype);
   Py_INCREF(array_type);
   Py_XSETREF(self->array_type, array_type);
   self->low = low;
@@ -273,6 +292,7 @@ int side_traverse(SubmitSide* self, visitproc visit, void* arg) {
   Py_VISIT(self->tensors);
   Py_VISIT(self->ranks);
   Py_VISIT(self->tensor_type);
+  Py_VISIT(self->tensor_subtype);
   Py_VISIT(self->array_type);
   Py_VISIT(self->fallback);
   return 0;
@@ -283,6 +303,7 @@ int side_clear_references(SubmitSide* self) {
   Py_CLEAR(self->tensors);
   Py_CLEAR(self->ranks);
   Py_CLEAR(self->tensor_type);
+  Py_CLEAR(self->tensor_subtype);
   Py_CLEAR(self->array_type);
   Py_CLEAR(self->fallback);
   return 0;

@@ -36,6 +36,15 @@ class Field {
   Field& operator=(const Field&) = delete;
   ~Field() { Py_XDECREF(descriptor_); }
 
+  // Whether `type` (a subclass of the resolved type) reads this field with the same descriptor.
+  bool same_on(PyTypeObject* type) const {
+    if (descriptor_ == nullptr) return false;
+    PyObject* found = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), name_);
+    if (found == nullptr) PyErr_Clear();
+    Py_XDECREF(found);
+    return found == descriptor_;
+  }
+
   // A new reference, or nullptr with a Python error set.
   PyObject* get(PyObject* object) const {
     PyObject* args[] = {object};
@@ -64,6 +73,12 @@ class TorchTensorFields {
   TorchTensorFields(const TorchTensorFields& names, PyTypeObject* type)
       : data_ptr_(names.data_ptr_, type), nbytes_(names.nbytes_, type), is_contiguous_(names.is_contiguous_, type),
         is_cpu_(names.is_cpu_, type) {}
+
+  // Whether objects of `type` (a subclass) read every field with this reader's descriptors
+  // (torch.nn.Parameter does; a subclass that overrides one does not).
+  bool read_alike(PyTypeObject* type) const {
+    return data_ptr_.same_on(type) && nbytes_.same_on(type) && is_contiguous_.same_on(type) && is_cpu_.same_on(type);
+  }
 
   // is_cpu, or nullopt with a Python error set.
   std::optional<bool> on_host(PyObject* tensor) const { return as_bool(is_cpu_.get(tensor)); }

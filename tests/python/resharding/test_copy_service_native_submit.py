@@ -171,3 +171,25 @@ def test_the_native_path_holds_exactly_the_references_it_takes():
         del queue
     gc.collect()
     assert [sys.getrefcount(item) for item in [tensor, task_id, *descriptors]] == before
+
+
+def test_tensor_subclasses_are_described_natively_only_when_they_read_alike():
+    """torch.nn.Parameter reads its address and size with torch.Tensor's own methods: described
+    at submit. A subclass that overrides one of them is described at run, by its own method."""
+    torch, queue = _torch_queue()
+
+    class Overriding(torch.Tensor):
+        def data_ptr(self):  # the same value, but its own method
+            return super().data_ptr()
+
+    weight = torch.nn.Parameter(torch.zeros(6))
+    overriding = torch.zeros(3).as_subclass(Overriding)
+    for _ in range(2):  # the second time through the subclass the side remembers
+        queue.submit_send(weight, 1, 1)
+        queue.submit_recv(overriding, 2, 2)
+        queue.submit_recv(torch.zeros(2), 3, 3)
+        sends, recvs = queue.take()
+        assert sends.tensors == [weight] and sends.rows.tolist() == _core_rows([weight]).tolist()
+        assert recvs.rows[:, 2].tolist()[0] == 8 and recvs.rows[1].tolist() == _core_rows([recvs.tensors[1]]).tolist()[0]
+        spans = recvs.spans()
+        assert spans.address.tolist()[0] == overriding.data_ptr() and spans.nbytes.tolist() == [12, 8]
