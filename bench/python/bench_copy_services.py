@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -69,6 +69,11 @@ FLOOR_TARGETS = {("a", "tensorxfer shm (repeat)", FLOOR_MEMCPY): 0.4,  # within 
                  ("b", "tensorxfer shm, sources in buffer (repeat)", FLOOR_MEMCPY): 0.8}
 #: The shm backend with its sources already in its shared send buffer (zero-copy sends).
 BUFFERED = "tensorxfer shm, sources in buffer (repeat)"
+#: Where a shm step of case (a) goes (printed, no target): its parts and their floors.
+PART_SUBMITS = "shm parts: the 20,000 submits alone"
+PART_RUN = "shm parts: run() alone (submitted before)"
+PART_NO_OP = "floor parts: 20,000 calls to a no-op C function"
+PART_TORCH_READS = "floor parts: torch's reads of 20,000 tensors (data_ptr, nbytes, is_contiguous, is_cpu)"
 CASE_NAMES = {"a": "(a) 10000 x 4 KiB", "b": "(b) 16 x 16 MiB", "c": "(c) reshard 200 weights"}
 
 
@@ -126,7 +131,58 @@ def cross_memory_floor(comm: Any, peer: int, source: np.ndarray, target: np.ndar
     return lambda: _core.read_process_memory(pid, address, target, engine)
 
 
+def shm_parts(group: Any, sends: List[Any], recvs: List[Any], rank: int, peer: int) -> Tuple[Dict[str, Callable[[], None]], Any]:
+    """Where a shm step of case (a) goes, and the floors of its parts: the submits alone, run()
+    alone (ops submitted before the clock starts), a bare loop of as many calls to a no-op C
+    function, and torch's own reads of every tensor's address, size, layout and device.
+    Returns the variants and the service they use (the caller closes it)."""
+    from tensorxfer.resharding.copy_services import build_copy_service
+
+    service = build_copy_service("shm", group=group, timeout=600)
+    submit_and_run(service, sends, recvs, rank, peer)  # the plan, reused below
+
+    def submits_only() -> None:
+        for i, tensor in enumerate(sends):
+            service.submit_send(tensor, peer, rank * 1_000_000 + i)
+        for i, tensor in enumerate(recvs):
+            service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+        service.send_ops.clear()
+        service.recv_ops.clear()
+
+    class RunOnly:
+        """A step whose clock starts after the submits (the callable is the timed part)."""
+
+        def __call__(self) -> None:
+            service.run()
+
+        def prepare(self) -> None:
+            for i, tensor in enumerate(sends):
+                service.submit_send(tensor, peer, rank * 1_000_000 + i)
+            for i, tensor in enumerate(recvs):
+                service.submit_recv(tensor, peer, peer * 1_000_000 + i)
+
+    def no_op_calls() -> None:
+        for i, tensor in enumerate(sends):
+            isinstance(tensor, int)
+        for i, tensor in enumerate(recvs):
+            isinstance(tensor, int)
+
+    def torch_reads() -> None:
+        for tensors in (sends, recvs):
+            for tensor in tensors:
+                tensor.data_ptr(), tensor.nbytes, tensor.is_contiguous(), tensor.is_cpu
+
+    parts: Dict[str, Callable[[], None]] = {PART_SUBMITS: submits_only, PART_RUN: RunOnly()}
+    if hasattr(sends[0], "data_ptr"):
+        parts[PART_NO_OP] = no_op_calls
+        parts[PART_TORCH_READS] = torch_reads
+    return parts, service
+
+
 def timed_step(barrier: Callable[[], None], slowest: Callable[[float], float], step: Callable[[], None]) -> float:
+    prepare = getattr(step, "prepare", None)
+    if prepare is not None:  # what comes before the clock starts
+        prepare()
     barrier()
     start = time.perf_counter()
     step()
@@ -184,6 +240,10 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
         cma_floor = cross_memory_floor(comm, peer, floor_source, floor_target)
         if cma_floor is not None:
             variants[FLOOR_CMA] = cma_floor
+        parts_service = None
+        if with_shm and case == "a":
+            parts, parts_service = shm_parts(group, shm_sends, shm_recvs, rank, peer)
+            variants.update(parts)
         buffered = None
         if with_shm:
             # The same sends from views of the shm service's shared send buffer.
@@ -217,8 +277,9 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
                 samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
         for service in services.values():
             service.close()
-        if buffered is not None:
-            buffered.close()
+        for extra in (buffered, parts_service):
+            if extra is not None:
+                extra.close()
         results[case] = samples
         del sends, recvs
     if group is not None:

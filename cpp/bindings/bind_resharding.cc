@@ -161,68 +161,12 @@ class PyPipelineExecutor {
   resharding::TaskMemoryMap receives_;
 };
 
-// One torch tensor's (data_ptr(), nbytes, is_contiguous(), is_cpu), through the
-// CPython API: the methods are looked up and called without bound-method objects.
-class TorchTensorFields {
- public:
-  TorchTensorFields()
-      : data_ptr_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("data_ptr"))),
-        nbytes_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("nbytes"))),
-        is_contiguous_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("is_contiguous"))),
-        is_cpu_(py::reinterpret_steal<py::object>(PyUnicode_InternFromString("is_cpu"))) {}
-
-  // (address, nbytes, flags: 1 contiguous, 2 on the host); throws error_already_set.
-  std::array<uint64_t, 3> read(PyObject* tensor) const {
-    const uint64_t address = as_u64(call(tensor, data_ptr_));
-    const uint64_t nbytes = as_u64(py::reinterpret_steal<py::object>(PyObject_GetAttr(tensor, nbytes_.ptr())));
-    const bool contiguous = as_bool(call(tensor, is_contiguous_));
-    const bool cpu = as_bool(py::reinterpret_steal<py::object>(PyObject_GetAttr(tensor, is_cpu_.ptr())));
-    return {address, nbytes, (contiguous ? uint64_t{1} : 0) | (cpu ? uint64_t{2} : 0)};
-  }
-
- private:
-  static py::object call(PyObject* self, const py::object& name) {
-    PyObject* args[] = {self};
-    return py::reinterpret_steal<py::object>(
-        PyObject_VectorcallMethod(name.ptr(), args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
-  }
-  static uint64_t as_u64(const py::object& value) {
-    if (!value) throw py::error_already_set();
-    const unsigned long long result = PyLong_AsUnsignedLongLong(value.ptr());
-    if (result == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw py::error_already_set();
-    return result;
-  }
-  static bool as_bool(const py::object& value) {
-    if (!value) throw py::error_already_set();
-    const int result = PyObject_IsTrue(value.ptr());
-    if (result < 0) throw py::error_already_set();
-    return result == 1;
-  }
-
-  py::object data_ptr_, nbytes_, is_contiguous_, is_cpu_;
-};
-
 }  // namespace
 
+void bind_submit_queue(py::module_& module);  // bind_submit_queue.cc
+
 void bind_resharding(py::module_& module) {
-  module.def(
-      "describe_torch_tensors",
-      [](const py::list& tensors) {
-        static const TorchTensorFields* const fields = new TorchTensorFields();  // lives as the interpreter does
-        const auto count = static_cast<py::ssize_t>(tensors.size());
-        py::array_t<uint64_t> result({count, py::ssize_t{3}});
-        auto rows = result.mutable_unchecked<2>();
-        for (py::ssize_t i = 0; i < count; ++i) {
-          const auto row = fields->read(PyList_GET_ITEM(tensors.ptr(), i));
-          rows(i, 0) = row[0];
-          rows(i, 1) = row[1];
-          rows(i, 2) = row[2];
-        }
-        return result;
-      },
-      py::arg("tensors"),
-      "(n, 3) uint64 array of (data_ptr(), nbytes, flags: 1 contiguous, 2 on the host) of each torch tensor in "
-      "the list (the copy services' _tensors.describe_many; any object with those attributes works).");
+  bind_submit_queue(module);  // the copy services' submit path and tensor descriptions
 
   module.def(
       "build_transfer_schedule",

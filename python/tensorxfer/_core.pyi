@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -510,6 +510,39 @@ class CudaCopySubmitter:
     @property
     def device(self) -> int:
         ...
+class SubmitSide:
+    """
+    One direction of a copy service's submit queue, with a native submit (copy_services/_queue.py).
+    """
+    @staticmethod
+    def __new__(type, *args, **kwargs):
+        """
+        Create and return a new object.  See help(type) for accurate signature.
+        """
+    def append(self, task_id, tensor, rank):
+        """
+        Queue an op as it is (described where this side can).
+        """
+    def clear(self):
+        """
+        Empties the columns (the same lists).
+        """
+    def forget_description(self):
+        """
+        The columns were changed other than by appending: take() returns rows=None until they are emptied.
+        """
+    def set_checks(self, tensor_type, array_type, low, high, host_only):
+        """
+        What submit() takes without the fallback.
+        """
+    def submit(self, tensor, rank, task_id = None):
+        """
+        Queue one op (the fallback checks anything but the common case).
+        """
+    def take(self):
+        """
+        (ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, nbytes, flags) as describe_spans, flag 8 where not described, or None when the columns were changed other than by appending.
+        """
 class PipelinePlan:
     """
     One rank's iterations of a transfer schedule (native).

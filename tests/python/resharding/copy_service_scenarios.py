@@ -202,16 +202,23 @@ def non_contiguous_destinations_and_sources(service, rank, world, size):
 
 @scenario
 def repeated_runs_reuse_the_plan(service, rank, world, size):
+    """Same ids and sizes: new tensors (runs 1, 2), then the same tensors again with new contents (3, 4)."""
     built = None
-    for repeat in range(3):
+    kept = {}
+    for repeat in range(4):
         expected = []
         for peer in range(world):
             for index in range(20):
                 out_id = task_id(rank, peer, index, world, 9_000_000_000)
                 in_id = task_id(peer, rank, index, world, 9_000_000_000)
                 src = pattern(out_id + repeat, 1000 + index)  # new contents, same sizes
+                if repeat >= 2:  # the tensors of run 2, written again
+                    kept[peer, index][0][:] = src
+                    kept[peer, index][1][:] = 0
+                else:
+                    kept[peer, index] = (src, np.zeros(1000 + index, np.uint8))
+                src, dst = kept[peer, index]
                 service.submit_send(src, peer, out_id)
-                dst = np.zeros(1000 + index, np.uint8)
                 service.submit_recv(dst, peer, in_id)
                 expected.append((dst, pattern(in_id + repeat, 1000 + index), in_id))
         service.run()

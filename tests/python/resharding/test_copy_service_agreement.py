@@ -230,11 +230,11 @@ def _one_sided_bad_tensor(name, rank, world):
             original = _tensors.describe_many
             calls = []
 
-            def failing_once(objects):
+            def failing_once(objects, rows=None):
                 calls.append(1)
                 if len(calls) == 1:
                     raise ValueError("a tensor this rank cannot read")
-                return original(objects)
+                return original(objects, rows)
 
             _tensors.describe_many = failing_once  # type: ignore[assignment]
         peer = 1 - rank

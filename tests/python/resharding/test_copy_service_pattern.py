@@ -9,10 +9,11 @@ from tensorxfer.resharding.copy_services import TaskMismatchError
 from tensorxfer.resharding.copy_services.planning import matching
 from tensorxfer.resharding.copy_services._shm_plan import FLAG_IN_SEND_BUFFER
 from tensorxfer.resharding.copy_services._pattern import pattern_for
+from tensorxfer.resharding.copy_services._queue import Columns
 
 
 def columns(ids, ranks):
-    return (list(ids), [None] * len(ids), list(ranks))
+    return Columns(list(ids), [None] * len(ids), list(ranks), None)
 
 
 def test_a_pattern_is_reused_only_for_the_same_ids_and_ranks_in_order():

@@ -49,8 +49,9 @@ class Recorder(CopyService):
         self._queue.submit_recv(dest_tensor, src_rank, task_id)
 
     def run(self):  # type: ignore[override]
+        """(task ids, tensors, ranks) of the sends and of the receives the queue hands run()."""
         self._check_open("run")
-        return self._queue.take()
+        return tuple(tuple(columns[:3]) for columns in self._queue.take())
 
     def close(self) -> None:
         self._queue.close()
@@ -172,11 +173,17 @@ def test_a_closed_queue_refuses_submits():
     assert queue.send_ops == [] and queue.recv_ops == []
 
 
-def test_submits_allocate_nothing_the_garbage_collector_tracks():
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_submits_allocate_nothing_the_garbage_collector_tracks(kind):
     """A step of 10,000 ops must not feed the collector (a full collection costs
-    tens of ms with torch imported): the columns hold ints and the caller's tensors."""
+    tens of ms with torch imported): the columns hold ints and the caller's tensors
+    (numpy arrays take the checked path, torch tensors the native one)."""
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        tensors = [torch.zeros(8, dtype=torch.uint8) for _ in range(2000)]
+    else:
+        tensors = [np.zeros(8, np.uint8) for _ in range(2000)]
     queue = Recorder()
-    tensors = [np.zeros(8, np.uint8) for _ in range(2000)]
     gc.collect()
     gc.disable()
     try:
@@ -297,3 +304,4 @@ def test_native_torch_description_raises_what_the_tensor_raises():
         _core.describe_torch_tensors([object()])
     rows = _core.describe_torch_tensors([torch.zeros(2, 2).t()])
     assert rows[:, 1].tolist() == [16] and rows[:, 2].tolist() == [2]  # on the host, not contiguous
+

@@ -31,11 +31,13 @@ class ForwardsToQueue(CopyService):
         bind_submits(self, self._queue)
 
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
+        """Queue ``src_tensor`` to be sent to ``dest_rank``. Its memory is taken now (do not
+        resize or re-point it before run() returns), its bytes are read during run()."""
         self._queue.submit_send(src_tensor, dest_rank, task_id)
 
     def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
-        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
+        """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous).
+        Its memory is taken now (do not resize or re-point it before run() returns)."""
         self._queue.submit_recv(dest_tensor, src_rank, task_id)
 
 

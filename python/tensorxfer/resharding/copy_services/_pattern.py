@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.resharding.copy_services import _tensors
+from tensorxfer.resharding.copy_services._queue import Columns
 from tensorxfer.resharding.copy_services.planning import matching, plan_cache
 from tensorxfer.resharding.copy_services.base import TaskMismatchError, match_local_ops_by_task_id
 
@@ -128,10 +129,9 @@ class OpPattern:
         return self._tables
 
 
-def pattern_for(last: Optional[OpPattern], backend: str, me: int, sends: Sequence[List[Any]],
-                recvs: Sequence[List[Any]]) -> OpPattern:
-    """``last`` when the columns (ids, tensors, ranks) of this run's sends and receives
+def pattern_for(last: Optional[OpPattern], backend: str, me: int, sends: Columns, recvs: Columns) -> OpPattern:
+    """``last`` when the columns of this run's sends and receives
     have its pattern, else a new one."""
-    if last is not None and last.same_ops(sends[0], sends[2], recvs[0], recvs[2]):
+    if last is not None and last.same_ops(sends.task_ids, sends.ranks, recvs.task_ids, recvs.ranks):
         return last
-    return OpPattern(backend, me, sends[0], sends[2], recvs[0], recvs[2])
+    return OpPattern(backend, me, sends.task_ids, sends.ranks, recvs.task_ids, recvs.ranks)

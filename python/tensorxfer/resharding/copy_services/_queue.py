@@ -1,31 +1,53 @@
 """The submit queue every copy service holds (private).
 
 A step of a resharding job submits thousands of ops, so a submit must cost
-little more than its checks, and allocate nothing the garbage collector
-tracks (with torch imported, a full collection costs tens of milliseconds).
-The queue is therefore three plain lists per direction (task ids, tensors,
-ranks), and that is its only store. ``send_ops`` / ``recv_ops`` are the
-documented lists of ``SendOp`` / ``RecvOp``: :class:`QueuedOps` shows the
-columns as such a list. What a caller changes there (clears it, edits an op it
-read from it, assigns a new list) is what ``run()`` executes.
+little more than the call, and allocate nothing the garbage collector tracks
+(with torch imported, a full collection costs tens of milliseconds). Each
+direction is a native ``_core.SubmitSide``: three plain lists (task ids,
+tensors, ranks), the queue's only store, and what run() needs of each tensor
+(address, byte size, contiguous, on the host), read as it is submitted. Its
+``submit`` takes the common case (a torch tensor or numpy array, an int rank in
+range, an int task id or None) without entering Python; anything else comes back to this
+module's checked submit, which raises what the base class documents.
+
+A tensor's memory is taken at submit, as ``MPI_Isend`` takes its buffer: it
+must not be resized or re-pointed (``set_``, ``.data =``) before run()
+returns; its bytes are read (sends) or written (receives) during run().
+
+``send_ops`` / ``recv_ops`` are the documented lists of ``SendOp`` /
+``RecvOp``: :class:`QueuedOps` shows the columns as such a list. What a caller
+changes there (clears it, edits an op it read from it, assigns a new list) is
+what ``run()`` executes; ops changed there are described again by run().
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, MutableSequence, Optional, Tuple, Union, overload
+from typing import Any, Callable, Dict, Iterable, List, MutableSequence, NamedTuple, Optional, Tuple, Union, overload
 
 import numpy as np
 
+from tensorxfer import _core
 from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services.base import RecvOp, SendOp, check_rank, check_task_id
 
 _ndarray = np.ndarray
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-# What run() gets from a queue: task ids, tensors (normalized), ranks (peers), in submit order.
-Columns = Tuple[List[Optional[int]], List[Any], List[int]]
 Op = Union[SendOp, RecvOp]
+
+
+class Columns(NamedTuple):
+    """One direction's queued ops as run() gets them, in submit order."""
+
+    task_ids: List[Optional[int]]
+    tensors: List[Any]  # normalized (numpy arrays, torch tensors)
+    ranks: List[int]  # the peers
+    rows: Optional[np.ndarray]  # the description taken at submit (see spans), or None
+
+    def spans(self) -> _tensors.Spans:
+        """Address, byte size, contiguity and host residence of every tensor: as taken at
+        submit where it could be, described now otherwise (raises what describing raises)."""
+        return _tensors.describe_many(self.tensors, self.rows)
 
 
 class SubmitQueue:
@@ -34,91 +56,99 @@ class SubmitQueue:
     ``peers``: the [low, high) range of ranks a submit may name without
     ``same_rank_message`` (the local backend's own rank); every rank of
     ``world_size`` otherwise. ``host_only``: torch tensors must be on the host.
+    ``submit_send`` / ``submit_recv`` are the native submits (see the module docstring).
     """
+
+    submit_send: Callable[..., None]
+    submit_recv: Callable[..., None]
 
     def __init__(self, backend_name: str, world_size: int, host_only: bool = True,
                  peers: Optional[Tuple[int, int]] = None, same_rank_message: str = "") -> None:
         self.backend_name = backend_name
         self.world_size = world_size
-        self.host_only = host_only
         self.closed = False
+        self._host_only = host_only
         self._low, self._high = peers if peers is not None else (0, world_size)
         self._same_rank_message = same_rank_message
-        self._torch_type: type = _tensors.torch_tensor_type()  # the fast path's, once torch is seen
+        self._torch_type: type = _tensors.torch_tensor_type()  # the native path's, once torch is seen
+        self._sides: Dict[type, Any] = {SendOp: _core.SubmitSide(self._submit_send_checked),
+                       RecvOp: _core.SubmitSide(self._submit_recv_checked, writable=True)}
+        self.submit_send = self._sides[SendOp].submit
+        self.submit_recv = self._sides[RecvOp].submit
+        self._update_checks()
         self.send_ops = QueuedOps(self, SendOp)
         self.recv_ops = QueuedOps(self, RecvOp)
-        self._reset()
 
-    def _reset(self) -> None:
-        self._send_ids: List[Optional[int]] = []
-        self._send_tensors: List[Any] = []
-        self._send_ranks: List[int] = []
-        self._recv_ids: List[Optional[int]] = []
-        self._recv_tensors: List[Any] = []
-        self._recv_ranks: List[int] = []
-        self.send_ops._forget()
-        self.recv_ops._forget()
+    @property
+    def host_only(self) -> bool:
+        return self._host_only
 
-    def columns(self, op_type: type) -> Columns:
-        """The live columns of one direction (SendOp: the sends)."""
-        if op_type is SendOp:
-            return self._send_ids, self._send_tensors, self._send_ranks
-        return self._recv_ids, self._recv_tensors, self._recv_ranks
+    @host_only.setter
+    def host_only(self, value: bool) -> None:
+        self._host_only = value
+        self._update_checks()
+
+    def _update_checks(self) -> None:
+        """Tells the native submits what they may take without the checked path."""
+        for side in self._sides.values():
+            side.set_checks(self._torch_type, _ndarray, self._low, self._high, self._host_only)
+
+    def side(self, op_type: type) -> Any:
+        """The native store of one direction (SendOp: the sends)."""
+        return self._sides[op_type]
+
+    def columns(self, op_type: type) -> Tuple[List[Optional[int]], List[Any], List[int]]:
+        """The live (task ids, tensors, ranks) lists of one direction (SendOp: the sends)."""
+        side = self._sides[op_type]
+        return side.ids, side.tensors, side.ranks
 
     def counts(self) -> Tuple[int, int]:
         """How many sends and receives are queued."""
-        return len(self._send_ids), len(self._recv_ids)
+        return len(self._sides[SendOp].ids), len(self._sides[RecvOp].ids)
 
     def take(self) -> Tuple[Columns, Columns]:
-        """(task ids, tensors, ranks) of the queued sends and receives, leaving the queue empty."""
+        """The queued sends and receives, leaving the queue empty."""
         self.send_ops._write_back()
         self.recv_ops._write_back()
-        taken = self.columns(SendOp), self.columns(RecvOp)
-        self._reset()
+        taken = Columns(*self._sides[SendOp].take()), Columns(*self._sides[RecvOp].take())
+        self.send_ops._forget()
+        self.recv_ops._forget()
         return taken
 
     def close(self) -> None:
         """Drops the queued ops; later submits raise tensorxfer.ClosedError."""
         self.closed = True
-        self._high = self._low  # no rank passes the fast path: submits take the checked one
-        self._reset()
+        self._high = self._low  # no rank passes the native path: submits take the checked one
+        self._update_checks()
+        self.take()
 
-    # ---- submission -------------------------------------------------------------------
-    # The common case (a numpy array or a torch tensor, an int rank in range, an int
-    # task id or None, an open queue) is one test; anything else takes the checked
-    # path, which raises what the base class documents.
+    # ---- the checked submits ---------------------------------------------------------------
+    # What the native submit does not take comes here. The common case of the other
+    # tensor kinds (a numpy array, a torch tensor before the native path knew torch)
+    # is one test; anything else takes the checked path, which raises what the base
+    # class documents.
 
-    def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
+    def _submit_send_checked(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``src_tensor`` to be sent to ``dest_rank``; its bytes are read during run()."""
         kind = type(src_tensor)
-        if (((kind is _ndarray and not src_tensor.dtype.hasobject)
-             or (kind is self._torch_type and (not self.host_only or src_tensor.is_cpu)))
+        if not (((kind is _ndarray and not src_tensor.dtype.hasobject)
+                 or (kind is self._torch_type and (not self._host_only or src_tensor.is_cpu)))
                 and type(dest_rank) is int and self._low <= dest_rank < self._high
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))):
-            self._send_ids.append(task_id)
-            self._send_tensors.append(src_tensor)
-            self._send_ranks.append(dest_rank)
-            return
-        tensor, rank, task_id = self._checked(src_tensor, "src_tensor", False, dest_rank, "dest_rank", task_id)
-        self._send_ids.append(task_id)
-        self._send_tensors.append(tensor)
-        self._send_ranks.append(rank)
+            src_tensor, dest_rank, task_id = self._checked(src_tensor, "src_tensor", False, dest_rank, "dest_rank",
+                                                           task_id)
+        self._sides[SendOp].append(task_id, src_tensor, dest_rank)
 
-    def submit_recv(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
+    def _submit_recv_checked(self, dest_tensor: Any, src_rank: int, task_id: Optional[int] = None) -> None:
         """Queue ``dest_tensor`` to receive from ``src_rank`` (any layout: staged if not contiguous)."""
         kind = type(dest_tensor)
-        if (((kind is _ndarray and dest_tensor.flags.writeable and not dest_tensor.dtype.hasobject)
-             or (kind is self._torch_type and (not self.host_only or dest_tensor.is_cpu)))
+        if not (((kind is _ndarray and dest_tensor.flags.writeable and not dest_tensor.dtype.hasobject)
+                 or (kind is self._torch_type and (not self._host_only or dest_tensor.is_cpu)))
                 and type(src_rank) is int and self._low <= src_rank < self._high
                 and (task_id is None or (type(task_id) is int and _INT64_MIN <= task_id <= _INT64_MAX))):
-            self._recv_ids.append(task_id)
-            self._recv_tensors.append(dest_tensor)
-            self._recv_ranks.append(src_rank)
-            return
-        tensor, rank, task_id = self._checked(dest_tensor, "dest_tensor", True, src_rank, "src_rank", task_id)
-        self._recv_ids.append(task_id)
-        self._recv_tensors.append(tensor)
-        self._recv_ranks.append(rank)
+            dest_tensor, src_rank, task_id = self._checked(dest_tensor, "dest_tensor", True, src_rank, "src_rank",
+                                                           task_id)
+        self._sides[RecvOp].append(task_id, dest_tensor, src_rank)
 
     def _checked(self, tensor: Any, tensor_argument: str, writable: bool, rank: Any, rank_argument: str,
                  task_id: Any) -> Tuple[Any, int, Optional[int]]:
@@ -127,8 +157,10 @@ class SubmitQueue:
             raise ClosedError(f"{self.backend_name} is closed")
         if type(rank) is int and 0 <= rank < self.world_size and not self._low <= rank < self._high:
             raise ValueError(f"{rank_argument}: {self._same_rank_message}, got rank {rank}")
-        tensor = _tensors.normalize_fast(tensor, tensor_argument, writable, self.host_only, self.backend_name)
-        self._torch_type = _tensors.torch_tensor_type()
+        tensor = _tensors.normalize_fast(tensor, tensor_argument, writable, self._host_only, self.backend_name)
+        if self._torch_type is not _tensors.torch_tensor_type():  # torch was imported since
+            self._torch_type = _tensors.torch_tensor_type()
+            self._update_checks()
         rank = check_rank(rank, self.world_size, rank_argument)
         if not self._low <= rank < self._high:
             raise ValueError(f"{rank_argument}: {self._same_rank_message}, got rank {rank}")
@@ -153,7 +185,13 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
         """Copies the linked ops' fields into the columns (ranks as the op type names them)."""
         ids, tensors, ranks = self._queue.columns(self._op_type)
         for index, op in self._linked.items():
+            if op.tensor is not tensors[index]:
+                self._changed()
             ids[index], tensors[index], ranks[index] = op.task_id, op.tensor, _peer(op)
+
+    def _changed(self) -> None:
+        """The columns changed other than by appending: run() describes the tensors anew."""
+        self._queue.side(self._op_type).forget_description()
 
     def __len__(self) -> int:
         return len(self._queue.columns(self._op_type)[0])
@@ -185,11 +223,13 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
         position = range(len(ids))[index]
         ids[position], tensors[position], ranks[position] = op.task_id, op.tensor, _peer(op)
         self._linked[position] = op
+        self._changed()
 
     def __delitem__(self, index: Any) -> None:
         self._write_back()
         for column in self._queue.columns(self._op_type):
             del column[index]
+        self._changed()
         self._forget()
 
     def insert(self, index: int, op: Op) -> None:
@@ -201,18 +241,16 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
         ids.insert(index, op.task_id)
         tensors.insert(index, op.tensor)
         ranks.insert(index, _peer(op))
+        self._changed()
         self._forget()
 
     def append(self, op: Op) -> None:
-        ids, tensors, ranks = self._queue.columns(self._op_type)
-        self._linked[len(ids)] = op
-        ids.append(op.task_id)
-        tensors.append(op.tensor)
-        ranks.append(_peer(op))
+        side = self._queue.side(self._op_type)
+        self._linked[len(side.ids)] = op
+        side.append(op.task_id, op.tensor, _peer(op))
 
     def clear(self) -> None:
-        for column in self._queue.columns(self._op_type):
-            column.clear()
+        self._queue.side(self._op_type).clear()
         self._forget()
 
     def _replace(self, ops: Iterable[Op]) -> None:

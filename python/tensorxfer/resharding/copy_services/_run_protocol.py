@@ -154,8 +154,8 @@ class RunProtocol:
         local_error: Optional[BaseException] = None
         digest = bytes(16)
         try:
-            send_spans = _tensors.describe_many(sends[1])
-            recv_spans = _tensors.describe_many(recvs[1])
+            send_spans = sends.spans()
+            recv_spans = recvs.spans()
             pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
             # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
             self._pattern = pattern if pattern.match_error is None else None
@@ -180,10 +180,10 @@ class RunProtocol:
             self._plans.put(digests, plan)
 
         if pattern.pairs[0].size:
-            _tensors.copy_pairs(pattern.pairs, sends[1], recvs[1], send_spans, recv_spans)
+            _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
         if plan.has_remote_work:
-            send_tensors, send_spans = pattern.sends.remote_part(sends[1], send_spans)
-            recv_tensors, recv_spans = pattern.recvs.remote_part(recvs[1], recv_spans)
+            send_tensors, send_spans = pattern.sends.remote_part(sends.tensors, send_spans)
+            recv_tensors, recv_spans = pattern.recvs.remote_part(recvs.tensors, recv_spans)
             mover.execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
 
     def _agree(self, digest: bytes, local_error: Optional[BaseException], deadline: Optional[float],

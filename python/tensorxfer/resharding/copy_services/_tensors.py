@@ -9,7 +9,7 @@ its receive must agree in byte size, not in dtype or shape.
 from __future__ import annotations
 
 import sys
-from typing import Any, List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,20 +106,34 @@ class Spans(NamedTuple):
 _CONTIGUOUS, _HOST, _UNKNOWN = 1, 2, 8
 
 
-def describe_many(objects: list) -> Spans:
+def describe_many(objects: list, rows: Optional[np.ndarray] = None) -> Spans:
     """describe() of every normalized tensor in ``objects``, natively (one call; plain torch
-    tensors through their own methods, the rest through the buffer protocol)."""
-    tensor_type = torch_tensor_type()
-    if objects and type(objects[0]) is tensor_type and set(map(type, objects)) == {tensor_type}:
-        rows = _core.describe_torch_tensors(objects)
+    tensors through their own methods, the rest through the buffer protocol). ``rows``: the
+    description the submit queue took at submit (see _queue), of which only the rows
+    flagged undescribed are described here."""
+    if rows is None:
+        rows = _native_rows(objects)
     else:
-        rows = _core.describe_spans(objects)
-        for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
-            info = describe(objects[int(i)])
-            rows[i] = (info.address, info.nbytes,
-                       (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
+        undescribed = np.flatnonzero(rows[:, 2] & _UNKNOWN)
+        if undescribed.size == len(objects):
+            rows = _native_rows(objects)
+        elif undescribed.size:
+            rows[undescribed] = _native_rows([objects[int(i)] for i in undescribed])
     flags = rows[:, 2]
     return Spans(rows[:, 0].copy(), rows[:, 1].astype(np.int64), (flags & _CONTIGUOUS) != 0, (flags & _HOST) != 0)
+
+
+def _native_rows(objects: list) -> np.ndarray:
+    """(address, nbytes, flags) rows of ``objects`` (see describe_many)."""
+    tensor_type = torch_tensor_type()
+    if objects and type(objects[0]) is tensor_type and set(map(type, objects)) == {tensor_type}:
+        return _core.describe_torch_tensors(objects)
+    rows = _core.describe_spans(objects)
+    for i in np.flatnonzero(rows[:, 2] & _UNKNOWN):  # formats the buffer protocol refuses (e.g. datetime64)
+        info = describe(objects[int(i)])
+        rows[i] = (info.address, info.nbytes,
+                   (_CONTIGUOUS if info.contiguous else 0) | (_HOST if info.host else 0))
+    return rows
 
 
 def contiguous(obj: Any) -> Any:

@@ -51,13 +51,13 @@ class LocalCopyService(ForwardsToQueue):
         self._pattern = pattern if pattern.match_error is None else None
         if pattern.match_error is not None:
             raise pattern.match_error
-        send_spans = _tensors.describe_many(sends[1])
-        recv_spans = _tensors.describe_many(recvs[1])
+        send_spans = sends.spans()
+        recv_spans = recvs.spans()
         error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
         if error is not None:
             raise error
         if pattern.pairs[0].size:
-            _tensors.copy_pairs(pattern.pairs, sends[1], recvs[1], send_spans, recv_spans)
+            _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
 
 
 __all__ = ["LocalCopyService"]

@@ -98,6 +98,7 @@ class ShmCopyService(ForwardsToProtocol):
         self.buffer_bytes = buffer_bytes
         self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
         self._memory: Optional[IpcMemory] = None
+        self._task_memory: Optional[Tuple[np.ndarray, ...]] = None  # what the executor's task maps hold
         self._ptracer_grant: Optional[int] = None
         self._pids: List[int] = []
         local, self._owns_group = as_local_group(group, timeout)
@@ -214,16 +215,23 @@ class ShmCopyService(ForwardsToProtocol):
             with self._group_wait("the direct reads"):
                 self._protocol.agree_on_step("its direct reads", failure, deadline, timeout)
         send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
-        self._executor.set_task_memory(
-            plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
-            plan.pipe_recv_ids, recv_addresses[recv_local], recv_spans.nbytes[recv_local].astype(np.uint64))
+        memory = (plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
+                  plan.pipe_recv_ids, recv_addresses[recv_local], recv_spans.nbytes[recv_local].astype(np.uint64))
+        # The executor's task maps are rebuilt only when a task's memory moved (a step
+        # that submits the same tensors again keeps them); they are read only by execute.
+        if self._task_memory is None or not all(np.array_equal(new, old) for new, old in zip(memory, self._task_memory)):
+            self._task_memory = None
+            self._executor.set_task_memory(*memory)
+            self._task_memory = memory
         try:
             # Its final barrier also tells senders that every cross-memory read is done.
             with self._group_wait("the batch's transfers"):
                 self._executor.execute(plan.pipeline, timeout, self._protocol.run_index)
-        finally:
+        except BaseException:
             empty = np.zeros(0, np.uint64)
+            self._task_memory = None
             self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
+            raise
         _tensors.copy_back(pending)
 
     def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_targets: List[Any],

@@ -1,0 +1,399 @@
+// tensorxfer._core: the copy services' native submit path
+// (python/tensorxfer/resharding/copy_services/_queue.py).
+//
+// A resharding step submits tens of thousands of ops from a Python loop, so one
+// submit must cost little more than the call. SubmitSide is one direction of a
+// SubmitQueue, written against the CPython API (no pybind11 dispatch per call):
+// its submit() is a METH_FASTCALL method that checks the common case (a torch
+// tensor or numpy array, an int rank in range, an int task id or None), appends the op to the
+// queue's three columns (Python lists: task ids, tensors, ranks) and records
+// what run() needs of the tensor (address, byte size, contiguous, on the host),
+// read once, while the caller holds the tensor. Anything else goes to the
+// queue's Python submit (`fallback`), which raises what the base class
+// documents or appends through append().
+//
+// The description is taken at submit, as MPI_Isend takes its buffer: the
+// tensor's memory must stay where it is (not resized, not re-pointed) until
+// run() returns; its bytes are read or written during run(). Columns changed
+// other than by appending (send_ops / recv_ops edits) drop the description:
+// run() then describes the tensors it is handed.
+#include <pybind11/numpy.h>
+
+#include <array>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <vector>
+
+#include "bindings.h"
+#include "torch_tensor_fields.h"
+
+namespace tensorxfer::bindings {
+namespace {
+
+constexpr uint64_t kUndescribed = 8;  // a row run() describes (the flags of _core.describe_spans)
+
+struct SubmitSide {
+  PyObject_HEAD
+  PyObject* ids;          // list: task ids (int or None)
+  PyObject* tensors;      // list: the submitted objects
+  PyObject* ranks;        // list: peers (int)
+  PyObject* tensor_type;  // the type submit() and append() describe natively (torch.Tensor)
+  PyObject* tensor_subtype;  // a subclass of it found to read alike (torch.nn.Parameter), or nullptr
+  PyObject* array_type;   // the array type submit() describes through the buffer protocol (numpy.ndarray)
+  PyObject* fallback;     // fallback(tensor, rank, task_id=None): the checked Python submit
+  long long low, high;    // submit() takes ranks in [low, high); anything else goes to fallback
+  int host_only;          // submit() takes tensors on the host only
+  int writable;           // a receive side: submit() takes writable arrays only
+  int described;          // rows describes every entry of the columns
+  std::vector<uint64_t>* rows;  // (address, nbytes, flags) per entry
+  TorchTensorFields* fields;    // resolved for tensor_type
+};
+
+PyObject* new_list() { return PyList_New(0); }
+
+bool reset_columns(SubmitSide* self) {
+  PyObject* ids = new_list();
+  PyObject* tensors = new_list();
+  PyObject* ranks = new_list();
+  if (ids == nullptr || tensors == nullptr || ranks == nullptr) {
+    Py_XDECREF(ids);
+    Py_XDECREF(tensors);
+    Py_XDECREF(ranks);
+    return false;
+  }
+  Py_XSETREF(self->ids, ids);
+  Py_XSETREF(self->tensors, tensors);
+  Py_XSETREF(self->ranks, ranks);
+  self->rows->clear();
+  self->described = 1;
+  return true;
+}
+
+// Appends one op: the columns, and its description row (kUndescribed where this
+// side cannot describe it natively; run() describes those).
+PyObject* append_op(SubmitSide* self, PyObject* task_id, PyObject* tensor, PyObject* rank,
+                    const std::array<uint64_t, 3>& row) {
+  const Py_ssize_t before = PyList_GET_SIZE(self->ids);
+  if (PyList_Append(self->ids, task_id) < 0 || PyList_Append(self->tensors, tensor) < 0 ||
+      PyList_Append(self->ranks, rank) < 0) {
+    // Keep the columns of one length (only a failed allocation gets here).
+    PyList_SetSlice(self->ids, before, PY_SSIZE_T_MAX, nullptr);
+    PyList_SetSlice(self->tensors, before, PY_SSIZE_T_MAX, nullptr);
+    PyList_SetSlice(self->ranks, before, PY_SSIZE_T_MAX, nullptr);
+    return nullptr;
+  }
+  self->rows->insert(self->rows->end(), row.begin(), row.end());
+  Py_RETURN_NONE;
+}
+
+// Whether `object` is a tensor this side describes natively: of tensor_type, or of a subclass
+// whose fields are tensor_type's (the last such subclass is remembered).
+bool native_tensor(SubmitSide* self, PyObject* object) {
+  PyTypeObject* type = Py_TYPE(object);
+  if (type == reinterpret_cast<PyTypeObject*>(self->tensor_type) ||
+      reinterpret_cast<PyObject*>(type) == self->tensor_subtype) {
+    return true;
+  }
+  if (!PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(self->tensor_type)) ||
+      !self->fields->read_alike(type)) {
+    return false;
+  }
+  Py_INCREF(type);
+  Py_XSETREF(self->tensor_subtype, reinterpret_cast<PyObject*>(type));
+  return true;
+}
+
+// A full description of an object of tensor_type, or a kUndescribed row (run()
+// describes it again and raises what it raises there, agreed among the ranks).
+std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
+  if (native_tensor(self, tensor)) {
+    const auto& fields = *self->fields;
+    const auto host = fields.on_host(tensor);
+    const auto row = host ? fields.read(tensor, *host) : std::nullopt;
+    if (row) return *row;
+    PyErr_Clear();
+  }
+  return {0, 0, kUndescribed};
+}
+
+bool small_int_in(PyObject* value, long long low, long long high) {
+  if (!PyLong_CheckExact(value)) return false;
+  int overflow = 0;
+  const long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+  return overflow == 0 && number >= low && number < high;
+}
+
+bool task_id_ok(PyObject* task_id) {
+  if (task_id == Py_None) return true;
+  if (!PyLong_CheckExact(task_id)) return false;
+  int overflow = 0;
+  PyLong_AsLongLongAndOverflow(task_id, &overflow);
+  return overflow == 0 && !PyErr_Occurred();
+}
+
+// A tensor of tensor_type submit() takes, described; nullopt for one the fallback must check.
+std::optional<std::array<uint64_t, 3>> submitted_tensor(SubmitSide* self, PyObject* tensor) {
+  const auto& fields = *self->fields;
+  const auto host = fields.on_host(tensor);
+  if (!host) PyErr_Clear();
+  if (!host || (!*host && self->host_only)) return std::nullopt;
+  if (const auto row = fields.read(tensor, *host)) return row;
+  PyErr_Clear();  // e.g. a sparse tensor: run() describes it and raises there, as before
+  return std::array<uint64_t, 3>{0, 0, kUndescribed};
+}
+
+// An array of array_type submit() takes, described as _core.describe_spans does; nullopt for
+// one the fallback must check or refuse (an array of objects, a read-only receive, a format
+// the buffer protocol refuses).
+std::optional<std::array<uint64_t, 3>> submitted_array(SubmitSide* self, PyObject* array) {
+  Py_buffer buffer;
+  if (PyObject_GetBuffer(array, &buffer, self->writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  const bool objects = buffer.format != nullptr && std::strchr(buffer.format, 'O') != nullptr;
+  const std::array<uint64_t, 3> row{static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(buffer.buf)),
+                                    static_cast<uint64_t>(buffer.len),
+                                    (PyBuffer_IsContiguous(&buffer, 'C') ? kContiguous : 0) | kHost};
+  PyBuffer_Release(&buffer);
+  if (objects) return std::nullopt;
+  return row;
+}
+
+// submit(tensor, rank, task_id=None)
+PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames == nullptr && (nargs == 2 || nargs == 3)) {
+    PyObject* tensor = args[0];
+    PyObject* rank = args[1];
+    PyObject* task_id = nargs == 3 ? args[2] : Py_None;
+    if (small_int_in(rank, self->low, self->high) && task_id_ok(task_id)) {
+      std::optional<std::array<uint64_t, 3>> row;
+      if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->array_type)) {
+        row = submitted_array(self, tensor);
+      } else if (native_tensor(self, tensor)) {
+        row = submitted_tensor(self, tensor);
+      }
+      if (row) return append_op(self, task_id, tensor, rank, *row);
+    }
+  }
+  return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+// append(task_id, tensor, rank): an op already checked (or, from send_ops.append, not checked).
+PyObject* side_append(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "append(task_id, tensor, rank) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  return append_op(self, args[0], args[1], args[2], describe_or_defer(self, args[1]));
+}
+
+// take() -> (ids, tensors, ranks, rows (n, 3) uint64 or None when not described): empties the side.
+PyObject* side_take(SubmitSide* self, PyObject*) {
+  try {
+    py::object rows = py::none();
+    if (self->described) {
+      const auto count = static_cast<py::ssize_t>(self->rows->size() / 3);
+      py::array_t<uint64_t> array({count, py::ssize_t{3}});
+      if (count) std::memcpy(array.mutable_data(), self->rows->data(), self->rows->size() * sizeof(uint64_t));
+      rows = std::move(array);
+    }
+    PyObject* taken = PyTuple_Pack(4, self->ids, self->tensors, self->ranks, rows.ptr());
+    if (taken == nullptr || !reset_columns(self)) {
+      Py_XDECREF(taken);
+      return nullptr;
+    }
+    return taken;
+  } catch (py::error_already_set& error) {
+    error.restore();
+    return nullptr;
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_MemoryError, error.what());
+    return nullptr;
+  }
+}
+
+PyObject* side_forget_description(SubmitSide* self, PyObject*) {
+  self->described = 0;
+  self->rows->clear();
+  Py_RETURN_NONE;
+}
+
+PyObject* side_clear(SubmitSide* self, PyObject*) {
+  if (PyList_SetSlice(self->ids, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
+      PyList_SetSlice(self->tensors, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
+      PyList_SetSlice(self->ranks, 0, PY_SSIZE_T_MAX, nullptr) < 0) {
+    return nullptr;
+  }
+  self->rows->clear();
+  self->described = 1;
+  Py_RETURN_NONE;
+}
+
+// set_checks(tensor_type, array_type, low, high, host_only)
+PyObject* side_set_checks(SubmitSide* self, PyObject* args) {
+  PyObject* tensor_type = nullptr;
+  PyObject* array_type = nullptr;
+  long long low = 0, high = 0;
+  int host_only = 1;
+  if (!PyArg_ParseTuple(args, "O!O!LLp", &PyType_Type, &tensor_type, &PyType_Type, &array_type, &low, &high,
+                        &host_only)) {
+    return nullptr;
+  }
+  auto* fields = new (std::nothrow) TorchTensorFields(torch_fields(), reinterpret_cast<PyTypeObject*>(tensor_type));
+  if (fields == nullptr) return PyErr_NoMemory();
+  delete self->fields;
+  self->fields = fields;
+  Py_INCREF(tensor_type);
+  Py_XSETREF(self->tensor_type, tensor_type);
+  Py_CLEAR(self->tensor_subtype);
+  Py_INCREF(array_type);
+  Py_XSETREF(self->array_type, array_type);
+  self->low = low;
+  self->high = high;
+  self->host_only = host_only;
+  Py_RETURN_NONE;
+}
+
+int side_init(SubmitSide* self, PyObject* args, PyObject* kwargs) {
+  static const char* keywords[] = {"fallback", "writable", nullptr};
+  PyObject* fallback = nullptr;
+  int writable = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", const_cast<char**>(keywords), &fallback, &writable)) {
+    return -1;
+  }
+  if (!PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "SubmitSide: fallback must be callable");
+    return -1;
+  }
+  Py_INCREF(fallback);
+  Py_XSETREF(self->fallback, fallback);
+  Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));  // no type described until set_checks
+  Py_XSETREF(self->tensor_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  Py_INCREF(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  Py_XSETREF(self->array_type, reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  self->writable = writable;
+  if (self->fields == nullptr) self->fields = new (std::nothrow) TorchTensorFields(torch_fields(), nullptr);
+  self->low = self->high = 0;  // every submit takes the fallback until set_checks
+  self->host_only = 1;
+  if (self->rows == nullptr) self->rows = new (std::nothrow) std::vector<uint64_t>();
+  if (self->rows == nullptr || self->fields == nullptr) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return reset_columns(self) ? 0 : -1;
+}
+
+int side_traverse(SubmitSide* self, visitproc visit, void* arg) {
+  Py_VISIT(self->ids);
+  Py_VISIT(self->tensors);
+  Py_VISIT(self->ranks);
+  Py_VISIT(self->tensor_type);
+  Py_VISIT(self->tensor_subtype);
+  Py_VISIT(self->array_type);
+  Py_VISIT(self->fallback);
+  return 0;
+}
+
+int side_clear_references(SubmitSide* self) {
+  Py_CLEAR(self->ids);
+  Py_CLEAR(self->tensors);
+  Py_CLEAR(self->ranks);
+  Py_CLEAR(self->tensor_type);
+  Py_CLEAR(self->tensor_subtype);
+  Py_CLEAR(self->array_type);
+  Py_CLEAR(self->fallback);
+  return 0;
+}
+
+void side_dealloc(SubmitSide* self) {
+  PyObject_GC_UnTrack(self);
+  side_clear_references(self);
+  delete self->rows;
+  self->rows = nullptr;
+  delete self->fields;
+  self->fields = nullptr;
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyObject* new_reference(PyObject* object) {  // Py_NewRef, which Python 3.9 lacks
+  Py_INCREF(object);
+  return object;
+}
+PyObject* side_ids(SubmitSide* self, void*) { return new_reference(self->ids); }
+PyObject* side_tensors(SubmitSide* self, void*) { return new_reference(self->tensors); }
+PyObject* side_ranks(SubmitSide* self, void*) { return new_reference(self->ranks); }
+PyObject* side_described(SubmitSide* self, void*) { return PyBool_FromLong(self->described); }
+
+PyMethodDef side_methods[] = {
+    {"submit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_submit)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "submit($self, tensor, rank, task_id=None)\n--\n\nQueue one op (the fallback checks anything but the common case)."},
+    {"append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_append)), METH_FASTCALL,
+     "append($self, task_id, tensor, rank, /)\n--\n\nQueue an op as it is (described where this side can)."},
+    {"take", reinterpret_cast<PyCFunction>(side_take), METH_NOARGS,
+     "take($self, /)\n--\n\n(ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, "
+     "nbytes, flags) as describe_spans, flag 8 where not described, or None when the columns were changed other "
+     "than by appending."},
+    {"forget_description", reinterpret_cast<PyCFunction>(side_forget_description), METH_NOARGS,
+     "forget_description($self, /)\n--\n\nThe columns were changed other than by appending: take() returns rows=None until they are emptied."},
+    {"clear", reinterpret_cast<PyCFunction>(side_clear), METH_NOARGS, "clear($self, /)\n--\n\nEmpties the columns (the same lists)."},
+    {"set_checks", reinterpret_cast<PyCFunction>(side_set_checks), METH_VARARGS,
+     "set_checks($self, tensor_type, array_type, low, high, host_only, /)\n--\n\nWhat submit() takes without the fallback."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef side_getset[] = {
+    {"ids", reinterpret_cast<getter>(side_ids), nullptr, "The task-id column (a list).", nullptr},
+    {"tensors", reinterpret_cast<getter>(side_tensors), nullptr, "The tensor column (a list).", nullptr},
+    {"ranks", reinterpret_cast<getter>(side_ranks), nullptr, "The peer column (a list).", nullptr},
+    {"described", reinterpret_cast<getter>(side_described), nullptr,
+     "Whether take() would return the rows (no column changed other than by appending).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot side_slots[] = {
+    {Py_tp_doc, const_cast<char*>("SubmitSide(fallback, writable=False)\n--\n\nOne direction of a copy service's submit queue, "
+                                  "with a native submit (copy_services/_queue.py).")},
+    {Py_tp_init, reinterpret_cast<void*>(side_init)},
+    {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(side_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(side_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(side_clear_references)},
+    {Py_tp_methods, side_methods},
+    {Py_tp_getset, side_getset},
+    {0, nullptr}};
+
+PyType_Spec side_spec = {"tensorxfer._core.SubmitSide", sizeof(SubmitSide), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, side_slots};
+
+}  // namespace
+
+void bind_submit_queue(py::module_& module) {
+  PyObject* type = PyType_FromSpec(&side_spec);
+  if (type == nullptr) throw py::error_already_set();
+  module.add_object("SubmitSide", py::reinterpret_steal<py::object>(type));
+
+  module.def(
+      "describe_torch_tensors",
+      [](const py::list& tensors) {
+        const auto count = static_cast<py::ssize_t>(tensors.size());
+        py::array_t<uint64_t> result({count, py::ssize_t{3}});
+        auto rows = result.mutable_unchecked<2>();
+        for (py::ssize_t i = 0; i < count; ++i) {
+          const auto row = torch_fields().read(PyList_GET_ITEM(tensors.ptr(), i));
+          rows(i, 0) = row[0];
+          rows(i, 1) = row[1];
+          rows(i, 2) = row[2];
+        }
+        return result;
+      },
+      py::arg("tensors"),
+      "(n, 3) uint64 array of (data_ptr(), nbytes, flags: 1 contiguous, 2 on the host) of each torch tensor in "
+      "the list (the copy services' _tensors.describe_many; any object with those attributes works).");
+}
+
+}  // namespace tensorxfer::bindings
