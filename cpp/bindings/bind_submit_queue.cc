@@ -5,18 +5,19 @@
 // submit must cost little more than the call. SubmitSide is one direction of a
 // SubmitQueue, written against the CPython API (no pybind11 dispatch per call):
 // its submit() is a METH_FASTCALL method that checks the common case (a torch
-// tensor or numpy array, an int rank in range, an int task id or None), appends the op to the
-// queue's three columns (Python lists: task ids, tensors, ranks) and records
-// what run() needs of the tensor (address, byte size, contiguous, on the host),
-// read once, while the caller holds the tensor. Anything else goes to the
-// queue's Python submit (`fallback`), which raises what the base class
-// documents or appends through append().
+// tensor or numpy array, an int rank in range, an int task id or None) and appends
+// the op to the queue's three columns (Python lists: task ids, tensors, ranks).
+// Anything else goes to the queue's Python submit (`fallback`), which raises what
+// the base class documents or appends through append().
 //
-// The description is taken at submit, as MPI_Isend takes its buffer: the
-// tensor's memory must stay where it is (not resized, not re-pointed) until
-// run() returns; its bytes are read or written during run(). Columns changed
-// other than by appending (send_ops / recv_ops edits) drop the description:
-// run() then describes the tensors it is handed.
+// take() hands run() the columns with what it needs of each tensor (address, byte
+// size, contiguous, on the host). A torch tensor is read there, when run() starts
+// (torch's own C methods, resolved once per queue): a tensor resized, re-pointed
+// or moved between its submit and run() is used as it is then, so no transfer
+// touches memory the tensor has let go. A numpy array is described at submit (it
+// cannot be resized while the queue holds it). Columns changed other than by
+// appending (send_ops / recv_ops edits) drop the description: run() then
+// describes the tensors it is handed.
 #include <pybind11/numpy.h>
 
 #include <array>
@@ -33,6 +34,10 @@ namespace tensorxfer::bindings {
 namespace {
 
 constexpr uint64_t kUndescribed = 8;  // a row run() describes (the flags of _core.describe_spans)
+// A torch tensor's row, read when take() hands it to run(): a tensor's memory is what it is
+// when run() starts (a tensor resized, re-pointed or moved between submit and run() is read
+// as it is then, so no transfer touches memory the tensor has let go). Never leaves take().
+constexpr uint64_t kReadAtTake = 16;
 
 struct SubmitSide {
   PyObject_HEAD
@@ -105,17 +110,10 @@ bool native_tensor(SubmitSide* self, PyObject* object) {
   return true;
 }
 
-// A full description of an object of tensor_type, or a kUndescribed row (run()
-// describes it again and raises what it raises there, agreed among the ranks).
+// A row take() reads for an object of tensor_type, or a kUndescribed row (run()
+// describes it and raises what it raises there, agreed among the ranks).
 std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
-  if (native_tensor(self, tensor)) {
-    const auto& fields = *self->fields;
-    const auto host = fields.on_host(tensor);
-    const auto row = host ? fields.read(tensor, *host) : std::nullopt;
-    if (row) return *row;
-    PyErr_Clear();
-  }
-  return {0, 0, kUndescribed};
+  return {0, 0, native_tensor(self, tensor) ? kReadAtTake : kUndescribed};
 }
 
 bool small_int_in(PyObject* value, long long low, long long high) {
@@ -133,15 +131,35 @@ bool task_id_ok(PyObject* task_id) {
   return overflow == 0 && !PyErr_Occurred();
 }
 
-// A tensor of tensor_type submit() takes, described; nullopt for one the fallback must check.
+// A tensor of tensor_type submit() takes (its row read at take()); nullopt for one the
+// fallback must check.
 std::optional<std::array<uint64_t, 3>> submitted_tensor(SubmitSide* self, PyObject* tensor) {
-  const auto& fields = *self->fields;
-  const auto host = fields.on_host(tensor);
+  const auto host = self->fields->on_host(tensor);
   if (!host) PyErr_Clear();
   if (!host || (!*host && self->host_only)) return std::nullopt;
-  if (const auto row = fields.read(tensor, *host)) return row;
-  PyErr_Clear();  // e.g. a sparse tensor: run() describes it and raises there, as before
-  return std::array<uint64_t, 3>{0, 0, kUndescribed};
+  return std::array<uint64_t, 3>{0, 0, kReadAtTake};
+}
+
+// Reads the rows of the torch tensors submit() and append() deferred to now. A tensor that
+// cannot be read here (e.g. a sparse tensor) is left to run(), which describes it and
+// raises there, as before.
+void read_deferred_rows(SubmitSide* self) {
+  std::vector<uint64_t>& rows = *self->rows;
+  for (std::size_t row = 0; row < rows.size() / 3; ++row) {
+    if (rows[3 * row + 2] != kReadAtTake) continue;
+    const auto described = self->fields->read(PyList_GET_ITEM(self->tensors, static_cast<Py_ssize_t>(row)), false);
+    const auto host = described ? self->fields->on_host(PyList_GET_ITEM(self->tensors, static_cast<Py_ssize_t>(row)))
+                                : std::nullopt;
+    if (!described || !host) {
+      PyErr_Clear();
+      rows[3 * row] = rows[3 * row + 1] = 0;
+      rows[3 * row + 2] = kUndescribed;
+      continue;
+    }
+    rows[3 * row] = (*described)[0];
+    rows[3 * row + 1] = (*described)[1];
+    rows[3 * row + 2] = (*described)[2] | (*host ? kHost : 0);
+  }
 }
 
 // An array of array_type submit() takes, described as _core.describe_spans does; nullopt for
@@ -196,6 +214,7 @@ PyObject* side_take(SubmitSide* self, PyObject*) {
   try {
     py::object rows = py::none();
     if (self->described) {
+      read_deferred_rows(self);
       const auto count = static_cast<py::ssize_t>(self->rows->size() / 3);
       py::array_t<uint64_t> array({count, py::ssize_t{3}});
       if (count) std::memcpy(array.mutable_data(), self->rows->data(), self->rows->size() * sizeof(uint64_t));

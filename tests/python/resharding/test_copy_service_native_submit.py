@@ -122,26 +122,35 @@ def test_what_run_is_handed_describes_the_tensors_it_is_handed(steps):
     assert got.contiguous.tolist() == expected.contiguous.tolist() and got.host.tolist() == expected.host.tolist()
 
 
-def test_a_tensor_is_taken_at_submit_and_its_bytes_at_run():
-    """The documented choice (as MPI_Isend): the memory a tensor has when it is submitted is
-    what run() reads and writes; its contents are read during run()."""
+def test_a_tensor_is_read_when_run_starts_not_at_submit():
+    """A tensor re-pointed or resized between its submit and run() is used as it is when run()
+    starts: run() never touches memory the tensor has let go (read at submit, a re-pointed
+    receive would land in the old storage, and a resized one in freed memory)."""
     torch = pytest.importorskip("torch")
     from tensorxfer.resharding.copy_services import LocalCopyService
 
     service = LocalCopyService()
     source, target = torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
-    kept = target.view(-1)  # holds the memory target has now
+    old = target.view(-1)  # holds the memory target has at submit
     service.submit_send(source, 0, 1)
     service.submit_recv(target, 0, 1)
     source.fill_(7)  # after the submit: sent
     elsewhere = torch.zeros(16, dtype=torch.uint8)
     target.set_(elsewhere.untyped_storage(), 0, (16,))  # re-pointed after the submit
     service.run()
-    assert kept.tolist() == [7] * 16 and elsewhere.tolist() == [0] * 16
-    service.submit_send(source, 0, 2)  # submitted again: its memory now
-    service.submit_recv(target, 0, 2)
+    assert elsewhere.tolist() == [7] * 16 and old.tolist() == [0] * 16
+
+    grown, small = torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
+    service.submit_send(torch.full((64,), 5, dtype=torch.uint8), 0, 2)
+    service.submit_recv(grown, 0, 2)
+    grown.resize_(64)  # its storage moves: the 16 bytes it had may be freed
     service.run()
-    assert elsewhere.tolist() == [7] * 16
+    assert grown.tolist() == [5] * 64
+    service.submit_send(torch.full((16,), 3, dtype=torch.uint8), 0, 3)
+    service.submit_recv(small, 0, 3)
+    small.resize_(8)  # now 8 bytes: a size mismatch, refused as at any run
+    with pytest.raises(RuntimeError, match="size|bytes"):
+        service.run()
 
 
 def test_the_native_path_holds_exactly_the_references_it_takes():

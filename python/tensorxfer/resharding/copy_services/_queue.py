@@ -5,14 +5,16 @@ little more than the call, and allocate nothing the garbage collector tracks
 (with torch imported, a full collection costs tens of milliseconds). Each
 direction is a native ``_core.SubmitSide``: three plain lists (task ids,
 tensors, ranks), the queue's only store, and what run() needs of each tensor
-(address, byte size, contiguous, on the host), read as it is submitted. Its
+(address, byte size, contiguous, on the host), read natively when run() takes
+the ops (numpy arrays as they are submitted: they cannot be resized while
+queued). Its
 ``submit`` takes the common case (a torch tensor or numpy array, an int rank in
 range, an int task id or None) without entering Python; anything else comes back to this
 module's checked submit, which raises what the base class documents.
 
-A tensor's memory is taken at submit, as ``MPI_Isend`` takes its buffer: it
-must not be resized or re-pointed (``set_``, ``.data =``) before run()
-returns; its bytes are read (sends) or written (receives) during run().
+A tensor is used as it is when run() starts: one resized or re-pointed
+(``set_``, ``.data =``) after its submit is read in its new memory, never the
+memory it let go; its bytes are read (sends) or written (receives) during run().
 
 ``send_ops`` / ``recv_ops`` are the documented lists of ``SendOp`` /
 ``RecvOp``: :class:`QueuedOps` shows the columns as such a list. What a caller
@@ -42,11 +44,11 @@ class Columns(NamedTuple):
     task_ids: List[Optional[int]]
     tensors: List[Any]  # normalized (numpy arrays, torch tensors)
     ranks: List[int]  # the peers
-    rows: Optional[np.ndarray]  # the description taken at submit (see spans), or None
+    rows: Optional[np.ndarray]  # the description taken with the ops (see spans), or None
 
     def spans(self) -> _tensors.Spans:
-        """Address, byte size, contiguity and host residence of every tensor: as taken at
-        submit where it could be, described now otherwise (raises what describing raises)."""
+        """Address, byte size, contiguity and host residence of every tensor: as taken with
+        the ops where it could be, described now otherwise (raises what describing raises)."""
         return _tensors.describe_many(self.tensors, self.rows)
 
 

@@ -109,7 +109,7 @@ _CONTIGUOUS, _HOST, _UNKNOWN = 1, 2, 8
 def describe_many(objects: list, rows: Optional[np.ndarray] = None) -> Spans:
     """describe() of every normalized tensor in ``objects``, natively (one call; plain torch
     tensors through their own methods, the rest through the buffer protocol). ``rows``: the
-    description the submit queue took at submit (see _queue), of which only the rows
+    description the submit queue took with the ops (see _queue), of which only the rows
     flagged undescribed are described here."""
     if rows is None:
         rows = _native_rows(objects)
