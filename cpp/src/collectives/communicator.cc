@@ -82,10 +82,13 @@ Algorithm choose_algorithm(std::size_t nbytes, int world_size) noexcept {
   // One-shot reads world_size inputs per element on every rank; two-shot
   // reads them once per element overall but pays a second barrier and a copy.
   // Below the crossover the barrier dominates.
-  // Measured (bench_collectives.py, 2 ranks): two-shot already wins at 64 KiB
-  // (11 vs 15 us), one-shot at 1 KiB (one barrier instead of two).
-  if (world_size <= 2) return nbytes <= (std::size_t{16} << 10) ? Algorithm::kOneShot : Algorithm::kTwoShot;
-  return nbytes <= (std::size_t{8} << 10) ? Algorithm::kOneShot : Algorithm::kTwoShot;
+  // Measured (spawned ranks, float32, back to back, medians of 9 interleaved
+  // loops, two runs, AMD EPYC 2 vCPUs): 2 ranks one-shot 1.1-1.3 vs two-shot
+  // 1.2-1.4 us at 4-8 KiB, 2.0 vs 1.7-1.8 us at 16 KiB; 4 ranks on 2 CPUs
+  // one-shot 8-15 vs 13-25 us at 4-8 KiB, 10.7-14.0 vs 14.4-16.9 us at 16 KiB,
+  // two-shot ahead from 32-64 KiB.
+  if (world_size <= 2) return nbytes <= (std::size_t{8} << 10) ? Algorithm::kOneShot : Algorithm::kTwoShot;
+  return nbytes <= (std::size_t{16} << 10) ? Algorithm::kOneShot : Algorithm::kTwoShot;
 }
 
 // ---- one call ------------------------------------------------------------------
