@@ -147,9 +147,9 @@ void read_deferred_rows(SubmitSide* self) {
   std::vector<uint64_t>& rows = *self->rows;
   for (std::size_t row = 0; row < rows.size() / 3; ++row) {
     if (rows[3 * row + 2] != kReadAtTake) continue;
-    const auto described = self->fields->read(PyList_GET_ITEM(self->tensors, static_cast<Py_ssize_t>(row)), false);
-    const auto host = described ? self->fields->on_host(PyList_GET_ITEM(self->tensors, static_cast<Py_ssize_t>(row)))
-                                : std::nullopt;
+    PyObject* tensor = PyList_GET_ITEM(self->tensors, static_cast<Py_ssize_t>(row));
+    const auto described = self->fields->read(tensor, false);
+    const auto host = described ? self->fields->on_host(tensor) : std::nullopt;
     if (!described || !host) {
       PyErr_Clear();
       rows[3 * row] = rows[3 * row + 1] = 0;
