@@ -7,6 +7,7 @@
 #include "half_kernels.h"
 
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -23,6 +24,17 @@ inline float combine(float acc, float value) noexcept {
   if constexpr (C == Combine::kAdd) return acc + value;
   if constexpr (C == Combine::kMax) return value > acc ? value : acc;
   return value < acc ? value : acc;
+}
+
+// Calls run(tag), tag an std::integral_constant holding op's Combine (sum and avg add).
+template <typename Run>
+inline void with_combine(ReduceOp op, Run&& run) noexcept {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return run(std::integral_constant<Combine, Combine::kAdd>{});
+    case ReduceOp::kMax: return run(std::integral_constant<Combine, Combine::kMax>{});
+    case ReduceOp::kMin: return run(std::integral_constant<Combine, Combine::kMin>{});
+  }
 }
 
 inline const uint16_t* source_at(const void* const* sources, int k, std::size_t i) noexcept {
@@ -56,12 +68,9 @@ template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
 void reduce_portable(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
                      std::size_t n) noexcept {
   const float by = divisor_of(op, divisor);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return reduce_from<Load, Store, Combine::kAdd>(sources, count, by, out, second, 0, n);
-    case ReduceOp::kMax: return reduce_from<Load, Store, Combine::kMax>(sources, count, by, out, second, 0, n);
-    case ReduceOp::kMin: return reduce_from<Load, Store, Combine::kMin>(sources, count, by, out, second, 0, n);
-  }
+  with_combine(op, [&](auto combine) {
+    reduce_from<Load, Store, decltype(combine)::value>(sources, count, by, out, second, 0, n);
+  });
 }
 
 #ifdef TENSORXFER_X86_KERNELS
@@ -134,15 +143,10 @@ template <__m256 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m256, __
 void avx2_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
                  std::size_t n) noexcept {
   const float by = divisor_of(op, divisor);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kAdd>(sources, count, by, out, second, n);
-    case ReduceOp::kMax:
-      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMax>(sources, count, by, out, second, n);
-    case ReduceOp::kMin:
-      return avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMin>(sources, count, by, out, second, n);
-  }
+  with_combine(op, [&](auto combine) {
+    avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out, second,
+                                                                                     n);
+  });
 }
 
 // ---- AVX-512F: 16 elements in one register ------------------------------------------------
@@ -198,18 +202,10 @@ template <__m512 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m512), f
 void avx512_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
                    std::size_t n) noexcept {
   const float by = divisor_of(op, divisor);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kAdd>(sources, count, by, out, second,
-                                                                                       n);
-    case ReduceOp::kMax:
-      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMax>(sources, count, by, out, second,
-                                                                                       n);
-    case ReduceOp::kMin:
-      return avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, Combine::kMin>(sources, count, by, out, second,
-                                                                                       n);
-  }
+  with_combine(op, [&](auto combine) {
+    avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out, second,
+                                                                                     n);
+  });
 }
 #endif  // TENSORXFER_X86_KERNELS
 
