@@ -322,19 +322,31 @@ bool view_from_numpy(const py::handle& handle, PyTensorView& result) {
   const int ndim = array->nd;
   view.shape.resize(static_cast<std::size_t>(ndim));
   view.strides.resize(static_cast<std::size_t>(ndim));
-  // A C-contiguous array's strides along extents of 0 or 1 are arbitrary in
-  // numpy (relaxed strides); its buffer export gives the compact ones, so do we.
+  // A contiguous array's strides along extents of 0 or 1 are arbitrary in numpy
+  // (relaxed strides); its buffer export gives the compact ones, C order first,
+  // then Fortran order (numpy's _buffer_info_new), so do we.
   constexpr int kCContiguous = 0x0001;  // NPY_ARRAY_C_CONTIGUOUS
-  const bool compact = (array->flags & kCContiguous) != 0;
-  int64_t compact_stride = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
+  constexpr int kFContiguous = 0x0002;  // NPY_ARRAY_F_CONTIGUOUS
+  const bool c_compact = (array->flags & kCContiguous) != 0;
+  const bool f_compact = !c_compact && (array->flags & kFContiguous) != 0;
+  for (int i = 0; i < ndim; ++i) {
     view.shape[i] = array->dimensions[i];
-    if (compact) {
-      view.strides[i] = compact_stride;
-      compact_stride *= view.shape[i];  // as numpy computes them (0 after an empty extent)
-    } else {
+    if (!c_compact && !f_compact) {
       if (array->strides[i] % itemsize != 0) return false;  // the buffer path names it
       view.strides[i] = array->strides[i] / itemsize;
+    }
+  }
+  // As numpy computes them (0 after an empty extent).
+  int64_t compact_stride = 1;
+  if (c_compact) {
+    for (int i = ndim - 1; i >= 0; --i) {
+      view.strides[i] = compact_stride;
+      compact_stride *= view.shape[i];
+    }
+  } else if (f_compact) {
+    for (int i = 0; i < ndim; ++i) {
+      view.strides[i] = compact_stride;
+      compact_stride *= view.shape[i];
     }
   }
   constexpr int kWriteable = 0x0400;  // NPY_ARRAY_WRITEABLE
