@@ -23,10 +23,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 case $which in
   address) run_sanitized asan "address,undefined" "" ;;
-  thread) run_sanitized tsan thread "SlotRing|Futex|EventCount|SpinPolicy|HostStream|HostEvent|CopyEngine|Pack|LocalGroup|IpcMemory|Communicator|AllReduce|PipelineExecutor|LivenessLock" ;;
+  thread) run_sanitized tsan thread "ProcessId|SlotRing|Futex|EventCount|SpinPolicy|HostStream|HostEvent|CopyEngine|Pack|LocalGroup|IpcMemory|Communicator|AllReduce|PipelineExecutor|LivenessLock" ;;
   all)
     run_sanitized asan "address,undefined" ""
-    run_sanitized tsan thread "SlotRing|Futex|EventCount|SpinPolicy|HostStream|HostEvent|CopyEngine|Pack|LocalGroup|IpcMemory|Communicator|AllReduce|PipelineExecutor|LivenessLock"
+    run_sanitized tsan thread "ProcessId|SlotRing|Futex|EventCount|SpinPolicy|HostStream|HostEvent|CopyEngine|Pack|LocalGroup|IpcMemory|Communicator|AllReduce|PipelineExecutor|LivenessLock"
     ;;
   *) echo "usage: $0 [address|thread|all]" >&2; exit 2 ;;
 esac

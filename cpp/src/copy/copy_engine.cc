@@ -16,6 +16,7 @@
 
 #include "copy_kernels.h"
 #include "tensorxfer/common/error.h"
+#include "tensorxfer/common/process_id.h"
 #include "tensorxfer/sync/cpu_relax.h"
 
 namespace tensorxfer::copy {
@@ -179,7 +180,7 @@ CopyEngine::CopyEngine(std::size_t num_threads) : CopyEngine(CopyEngineOptions{n
 
 CopyEngine::CopyEngine(const CopyEngineOptions& options)
     : options_(options),
-      owner_pid_(::getpid()),
+      owner_pid_(current_process_id()),
       state_(std::make_unique<State>()) {
   const std::size_t default_parallelism =
       std::clamp<std::size_t>(hardware_threads(), 2, kMaxDefaultParallelism);
@@ -202,7 +203,7 @@ CopyEngine::CopyEngine(const CopyEngineOptions& options)
   }
 }
 
-bool CopyEngine::in_forked_child() const noexcept { return ::getpid() != owner_pid_; }
+bool CopyEngine::in_forked_child() const noexcept { return current_process_id() != owner_pid_; }
 
 CopyEngine::~CopyEngine() {
   if (in_forked_child()) {

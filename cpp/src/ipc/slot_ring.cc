@@ -12,6 +12,7 @@
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "tensorxfer/common/process_id.h"
 
 namespace tensorxfer::ipc {
 namespace {
@@ -48,7 +49,7 @@ SlotRing::SlotRing(memory::ShmSegment segment, const RingLayout& layout, bool co
       layout_(layout),
       payload_(segment_.payload()),
       consumer_(consumer),
-      user_pid_(static_cast<int32_t>(::getpid())),
+      user_pid_(static_cast<int32_t>(current_process_id())),
       consumer_identity_(segment_.owner()),
       spin_(spin) {}
 
@@ -129,8 +130,8 @@ void SlotRing::check_open(const char* operation) const {
 
 void SlotRing::check_usable(const char* operation) const {
   check_open(operation);
-  // getpid() is a system call: public entry points check it once, inner loops do not.
-  TENSORXFER_CHECK(InvalidArgument, ::getpid() == user_pid_, operation, ": this SlotRing belongs to pid ",
+  // Public entry points check the process once (a cached getpid(): process_id.h); inner loops do not.
+  TENSORXFER_CHECK(InvalidArgument, current_process_id() == user_pid_, operation, ": this SlotRing belongs to pid ",
                    user_pid_, "; a fork()ed child must attach again by name");
 }
 
@@ -365,7 +366,7 @@ void SlotRing::release(uint32_t slot) {
 void SlotRing::close() noexcept {
   // A fork()ed child's copy is not ours to close, and another thread of the
   // parent may have held mutex_ when the child was forked: decide before locking.
-  if (::getpid() != user_pid_) {
+  if (current_process_id() != user_pid_) {
     closed_.store(true, std::memory_order_relaxed);
     return;
   }

@@ -15,6 +15,7 @@
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "tensorxfer/common/process_id.h"
 #include "tensorxfer/copy/copy_engine.h"
 #include "tensorxfer/sync/cpu_relax.h"
 #include "watched_wait.h"
@@ -144,7 +145,7 @@ void HostStream::State::worker_loop() noexcept {
 }
 
 HostStream::HostStream(copy::CopyEngine* engine)
-    : engine_(engine), owner_pid_(::getpid()), state_(std::make_unique<State>()) {
+    : engine_(engine), owner_pid_(current_process_id()), state_(std::make_unique<State>()) {
   try {
     state_->worker = std::thread([state = state_.get()] { state->worker_loop(); });
   } catch (const std::system_error& error) {
@@ -157,7 +158,7 @@ HostStream::~HostStream() {
     close(Seconds(kDestructorDrainSeconds));
   } catch (...) {  // close() joined the worker before reporting; nothing is left to do
   }
-  if (::getpid() != owner_pid_) {
+  if (current_process_id() != owner_pid_) {
     // The worker exists only in the parent and the condition variables list it
     // as a waiter: destroying them here would hang.
     (void)state_.release();
@@ -170,7 +171,7 @@ uint64_t HostStream::enqueue(Task task) {
   entry.work = std::move(task);
   std::lock_guard<std::mutex> lock(state_->mutex);
   TENSORXFER_CHECK(Closed, state_->accepting, "HostStream.enqueue: HostStream is closed");
-  TENSORXFER_CHECK(InvalidArgument, ::getpid() == owner_pid_, "HostStream: created in process ",
+  TENSORXFER_CHECK(InvalidArgument, current_process_id() == owner_pid_, "HostStream: created in process ",
                    owner_pid_, ", its worker thread does not exist in this forked child ",
                    ::getpid(), "; create a new stream here");
   return state_->push(std::move(entry));
@@ -197,7 +198,7 @@ uint64_t HostStream::record(HostEvent& event) {
   entry.event = event.state();
   std::lock_guard<std::mutex> lock(state_->mutex);
   TENSORXFER_CHECK(Closed, state_->accepting, "HostStream.record: HostStream is closed");
-  TENSORXFER_CHECK(InvalidArgument, ::getpid() == owner_pid_, "HostStream: created in process ",
+  TENSORXFER_CHECK(InvalidArgument, current_process_id() == owner_pid_, "HostStream: created in process ",
                    owner_pid_, ", its worker thread does not exist in this forked child ",
                    ::getpid(), "; create a new stream here");
   // Under the stream's mutex so generations follow this stream's order.
@@ -264,7 +265,7 @@ void HostStream::close(Seconds timeout, const sync::WaitHook& hook) {
     if (state.stopping) return;
     state.accepting = false;
     target = state.enqueued;
-    if (::getpid() != owner_pid_) {
+    if (current_process_id() != owner_pid_) {
       // Forked child: the worker runs only in the parent; never join it here
       // (the destructor leaks the state holding its handle).
       state.stopping = true;
