@@ -200,13 +200,16 @@ void Communicator::reduce_scatter(const TensorView& output, const TensorView& in
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(chunk_count, block - done);
+      // Peer r reads only block r of my window: my own block stays in the
+      // caller's tensor, which I reduce from directly (as two-shot all_reduce does).
+      const auto me = static_cast<std::size_t>(rank());
       std::byte* mine = window(rank(), sequence_);
       for (std::size_t r = 0; r < world; ++r) {
-        copy_bytes(mine + r * n * element, in + (r * block + done) * element, n * element);
+        if (r != me) copy_bytes(mine + r * n * element, in + (r * block + done) * element, n * element);
       }
       const uint64_t sequence = start_barrier(call, descriptor);
-      for (int r = 0; r < world_size(); ++r) {
-        sources_[r] = window(r, sequence) + static_cast<std::size_t>(rank()) * n * element;
+      for (std::size_t r = 0; r < world; ++r) {
+        sources_[r] = r == me ? in + (me * block + done) * element : window(static_cast<int>(r), sequence) + me * n * element;
       }
       reduce_elements(type, op, sources_.data(), world_size(), world_size(), out + done * element, nullptr, n);
       done += n;
