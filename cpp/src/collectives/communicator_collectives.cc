@@ -17,12 +17,14 @@ using internal::encode_dtype;
 using internal::encode_kind;
 using internal::require_tensor;
 
-// In-buffer all-reduces of at least this many bytes gather the peers' slices
-// with streaming stores: the caller reads the result long after, and skipping
-// the read-for-ownership of every line pays once the buffer is far from the
-// caches (bench_collectives.py, 2 ranks on a 2-core Xeon, result gathered
-// after other work: 64 MiB 10.4 -> 9.0 ms; 16 MiB unchanged; the staged path,
-// whose gather goes in 128 KiB slices, measured slower with it).
+// All-reduces of at least this many bytes gather the peers' slices with
+// streaming stores: the caller reads the result long after, and skipping the
+// read-for-ownership of every line pays once the tensor is far from the caches.
+// In the buffer (2 ranks on a 2-core Xeon, result gathered after other work):
+// 64 MiB 10.4 -> 9.0 ms; 16 MiB unchanged. Staged, 64 MiB float32 and
+// bfloat16, spawned ranks, the two builds alternated on an Intel Xeon (SPR,
+// 2 vCPUs): 4 ranks 32.9-37.8 -> 27.8-33.9 ms, 2 ranks unchanged within the
+// noise (12.5-16.0 ms either way).
 constexpr std::size_t kStreamingGatherBytes = std::size_t{32} << 20;
 
 // Element slice [begin, end) of `count` that rank `rank` owns in a two-shot
@@ -77,6 +79,8 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
   const std::size_t chunk_count = stage_nbytes_ / element;
   const int world = world_size();
   const int me = rank();
+  const bool streaming = count * element >= kStreamingGatherBytes;
+  void (*const gather)(void*, const void*, std::size_t) noexcept = streaming ? copy::streaming_copy : copy_bytes;
   std::size_t done = 0;
   do {  // at least once: a zero-element call still meets the other ranks
     const std::size_t n = std::min(chunk_count, count - done);
@@ -104,11 +108,12 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
       for (int r = 0; r < world; ++r) {
         if (r == me) continue;
         const auto [from, to] = slice_of(r, world, n, element);
-        copy_bytes(chunk + from * element, window(r, sequence) + from * element, (to - from) * element);
+        gather(chunk + from * element, window(r, sequence) + from * element, (to - from) * element);
       }
     }
     done += n;
   } while (done < count);
+  if (streaming) copy::streaming_fence();
 }
 
 void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::size_t count, ElementType type,

@@ -234,6 +234,29 @@ TEST(CommunicatorTest, LargeZeroCopyReduceGathersWithStreamingStores) {
   }
 }
 
+TEST(CommunicatorTest, LargeStagedReduceGathersWithStreamingStores) {
+  // >= 32 MiB of a private tensor: the staged two-shot gather writes the peers'
+  // slices with non-temporal stores, chunk by chunk (an odd element count and an
+  // unaligned start leave unaligned heads and tails in every slice); every rank
+  // must read the exact result right after the call, for float32 and bfloat16.
+  constexpr int kWorld = 3;
+  auto comms = make_communicators(kWorld, 1 << 20);
+  for (ElementType type : {ElementType::kFloat32, ElementType::kBFloat16}) {
+    const std::size_t element = type == ElementType::kFloat32 ? 4 : 2;
+    const std::size_t count = (std::size_t{32} << 20) / element + 7;
+    const int seed = static_cast<int>(element);
+    const auto expected = expected_result(type, ReduceOp::kSum, kWorld, count, seed);
+    run_ranks(kWorld, [&](int rank) {
+      auto input = make_input(type, rank, count, seed);
+      std::vector<std::byte> storage(input.size() + element);
+      std::byte* at = storage.data() + element;  // not 64-byte aligned
+      std::memcpy(at, input.data(), input.size());
+      comms[rank]->all_reduce(view_of(at, type, count), ReduceOp::kSum, Algorithm::kTwoShot, kTimeout);
+      EXPECT_EQ(std::memcmp(at, expected.data(), expected.size()), 0) << "rank " << rank << " element " << element;
+    });
+  }
+}
+
 TEST(CommunicatorTest, AllGatherReduceScatterBroadcast) {
   for (int world : {1, 2, 3, 4}) {
     auto comms = make_communicators(world, 4096);
