@@ -24,7 +24,8 @@ using internal::require_tensor;
 // 64 MiB 10.4 -> 9.0 ms; 16 MiB unchanged. Staged, 64 MiB float32 and
 // bfloat16, spawned ranks, the two builds alternated on an Intel Xeon (SPR,
 // 2 vCPUs): 4 ranks 32.9-37.8 -> 27.8-33.9 ms, 2 ranks unchanged within the
-// noise (12.5-16.0 ms either way).
+// noise (12.5-16.0 ms either way; an earlier 2-rank measurement, with the
+// staged gather in 128 KiB slices, had found it slower). Not yet measured on AMD.
 constexpr std::size_t kStreamingGatherBytes = std::size_t{32} << 20;
 
 // Element slice [begin, end) of `count` that rank `rank` owns in a two-shot
