@@ -66,9 +66,8 @@ def _register_noop_backend() -> None:
     It returns the cheapest work object there is (no Python ``__init__``, only
     ``wait``), so ``noop_backend`` time is the floor no Python backend can go under.
     """
-    import torch.distributed as dist
-
     import torch
+    import torch.distributed as dist
 
     class DoneWork(dist._Work):  # type: ignore[misc,name-defined]
         __slots__ = ("tensors",)

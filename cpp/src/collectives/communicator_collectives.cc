@@ -215,7 +215,8 @@ void Communicator::reduce_scatter(const TensorView& output, const TensorView& in
       }
       const uint64_t sequence = start_barrier(call, descriptor);
       for (std::size_t r = 0; r < world; ++r) {
-        sources_[r] = r == me ? in + (me * block + done) * element : window(static_cast<int>(r), sequence) + me * n * element;
+        sources_[r] = r == me ? in + (me * block + done) * element
+                              : window(static_cast<int>(r), sequence) + me * n * element;
       }
       reduce_elements(type, op, sources_.data(), world_size(), world_size(), out + done * element, nullptr, n);
       done += n;
