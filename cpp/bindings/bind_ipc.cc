@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -59,8 +60,36 @@ py::dict wait_stats(const SlotRing& ring) {
   return stats;
 }
 
-py::tuple ready_tuple(const ipc::ReadySlot& ready) {
-  return py::make_tuple(ready.slot, ready.tick_id, ready.publish_ns);
+py::tuple ready_tuple(const ipc::ReadySlot& ready) { return py::make_tuple(ready.slot, ready.tick_id); }
+
+// The int arguments of the calls on a hand-off's critical path. A plain int in
+// range is taken here; anything else (a numpy integer, a bool, a float, an int
+// out of range) goes to tensorxfer.ipc.slot_ring._check_int, which converts it
+// or raises the TypeError / ValueError every tensorxfer check raises.
+std::optional<uint64_t> plain_int_below(py::handle value, uint64_t high) {
+  if (!PyLong_CheckExact(value.ptr())) return std::nullopt;
+  int overflow = 0;
+  const long long number = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (number == -1 && PyErr_Occurred() != nullptr) throw py::error_already_set();
+  if (overflow != 0 || number < 0 || static_cast<unsigned long long>(number) >= high) return std::nullopt;
+  return static_cast<uint64_t>(number);
+}
+
+uint64_t checked_in_python(py::handle value, const char* name, const char* bound_name, uint64_t bound) {
+  py::module_ checks = py::module_::import("tensorxfer.ipc.slot_ring");
+  py::object high = bound_name != nullptr ? checks.attr(bound_name) : py::int_(bound);
+  return checks.attr("_check_int")(value, name, 0, high).cast<uint64_t>();
+}
+
+uint32_t slot_argument(const SlotRing& ring, py::handle slot) {
+  if (const auto plain = plain_int_below(slot, ring.depth())) return static_cast<uint32_t>(*plain);
+  return static_cast<uint32_t>(checked_in_python(slot, "slot", nullptr, ring.depth()));
+}
+
+// tick_id: any of the 2**64 values (those past 2**63 take the Python check).
+uint64_t tick_argument(py::handle tick_id) {
+  if (const auto plain = plain_int_below(tick_id, UINT64_MAX)) return *plain;
+  return checked_in_python(tick_id, "tick_id", "_MAX_TICK_ID", 0);
 }
 
 }  // namespace
@@ -119,7 +148,13 @@ void bind_ipc(py::module_& module) {
           },
           py::arg("timeout") = py::none())
       .def("try_acquire_free", &SlotRing::try_acquire_free)
-      .def("publish", &SlotRing::publish, py::arg("slot"), py::arg("tick_id"))
+      .def(
+          "publish",
+          [](SlotRing& ring, py::handle slot, py::handle tick_id) {
+            const uint32_t checked_slot = slot_argument(ring, slot);  // checked first, as documented
+            ring.publish(checked_slot, tick_argument(tick_id));
+          },
+          py::arg("slot"), py::arg("tick_id"), "slot in [0, depth), tick_id in [0, 2**64)")
       .def("abandon", &SlotRing::abandon, py::arg("slot"), "Hand a slot from acquire_free back unpublished.")
       .def(
           "acquire_ready",
@@ -133,7 +168,7 @@ void bind_ipc(py::module_& module) {
             }
             return ready_tuple(ready);
           },
-          py::arg("timeout") = py::none(), "-> (slot, tick_id, publish_ns)")
+          py::arg("timeout") = py::none(), "-> (slot, tick_id); its publish time: last_publish_ns")
       .def(
           "try_acquire_ready",
           [](SlotRing& ring) -> py::object {
@@ -141,8 +176,11 @@ void bind_ipc(py::module_& module) {
             if (!ready) return py::none();
             return ready_tuple(*ready);
           },
-          "-> (slot, tick_id, publish_ns) or None")
-      .def("release", &SlotRing::release, py::arg("slot"))
+          "-> (slot, tick_id) or None")
+      .def_property_readonly("last_publish_ns", &SlotRing::last_publish_ns)
+      .def(
+          "release", [](SlotRing& ring, py::handle slot) { ring.release(slot_argument(ring, slot)); },
+          py::arg("slot"))
       .def(
           "slot_array",
           [](py::object self, uint32_t slot) {

@@ -283,13 +283,15 @@ class SlotRing:
         ...
     def acquire_ready(self, timeout: float | None = None) -> tuple:
         """
-        -> (slot, tick_id, publish_ns)
+        -> (slot, tick_id); its publish time: last_publish_ns
         """
     def close(self) -> None:
         ...
-    def publish(self, slot: typing.SupportsInt | typing.SupportsIndex, tick_id: typing.SupportsInt | typing.SupportsIndex) -> None:
-        ...
-    def release(self, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def publish(self, slot: typing.Any, tick_id: typing.Any) -> None:
+        """
+        slot in [0, depth), tick_id in [0, 2**64)
+        """
+    def release(self, slot: typing.Any) -> None:
         ...
     def slot_array(self, slot: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint8]:
         """
@@ -299,7 +301,7 @@ class SlotRing:
         ...
     def try_acquire_ready(self) -> typing.Any:
         """
-        -> (slot, tick_id, publish_ns) or None
+        -> (slot, tick_id) or None
         """
     @property
     def closed(self) -> bool:
@@ -312,6 +314,9 @@ class SlotRing:
         ...
     @property
     def is_consumer(self) -> bool:
+        ...
+    @property
+    def last_publish_ns(self) -> int:
         ...
     @property
     def live_producers(self) -> int:

@@ -338,6 +338,7 @@ std::optional<ReadySlot> SlotRing::take_next_locked() {
   // relaxed: ordered by the acquire above.
   result.tick_id = entry.tick_id.load(std::memory_order_relaxed);
   result.publish_ns = entry.publish_ns.load(std::memory_order_relaxed);
+  last_publish_ns_ = result.publish_ns;
   next_sequence_ = sequence + 1;
   return result;
 }

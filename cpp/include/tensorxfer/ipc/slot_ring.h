@@ -120,6 +120,12 @@ class SlotRing {
   uint32_t live_producers() const;
   // Publish sequences skipped because their producer died before filling them.
   uint64_t skipped_sequences() const noexcept { return skipped_sequences_; }
+  // Consumer: ReadySlot::publish_ns of the slot acquire_ready (or try_acquire_ready)
+  // returned last; 0 before the first.
+  uint64_t last_publish_ns() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_publish_ns_;
+  }
 
   // How waits spend their time (sync/spin_policy.h).
   const sync::SpinPolicy& spin_policy() const noexcept { return spin_; }
@@ -188,6 +194,7 @@ class SlotRing {
   sync::LivenessLock producer_lock_;         // our entry's liveness lock, held until close()
   uint32_t next_free_hint_ = 0;
   uint64_t next_sequence_ = 0;  // consumer: the publish sequence acquire_ready hands out next
+  uint64_t last_publish_ns_ = 0;  // consumer: publish_ns of the slot handed out last
   uint64_t skipped_sequences_ = 0;
   std::atomic<bool> closed_{false};  // relaxed suffices: a flag checked between steps
   mutable std::mutex mutex_;  // serialises this object's producer and consumer steps
