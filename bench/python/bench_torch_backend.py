@@ -12,7 +12,8 @@ Launched once, this script starts the rank processes itself (TCP store on
   training step of an MLP of about 25M parameters per backend, the same
   step without DDP (to say how much of the gloo step is communication), and
   DDP over the no-op backend (its buckets and copies without communication:
-  the step no backend can beat);
+  the step no backend can beat), and one all-reduce of every gradient through
+  the tensorxfer group alone (what the step's communication costs by itself);
 * ``2 hosts x 2 ranks`` (root only): ranks in two simulated hosts (own IPC and
   mount namespaces, own /dev/shm), the tensorxfer group's hierarchical
   all-reduce vs flat gloo, and the floor: its cross-host step alone
@@ -58,6 +59,7 @@ def loop_count(nbytes: int, quick: bool) -> int:
 
 
 NOOP_BACKEND = "txbenchnoop"
+GRADIENTS_ALONE = "tensorxfer all_reduce of the gradients alone"
 
 
 def _register_noop_backend() -> None:
@@ -184,8 +186,12 @@ def _ddp_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any]) -> D
         optimizers[name].step()
 
     ops = {name: (lambda n=name: step(n)) for name in models}
-    samples = _timed_loops(dist, ops, {name: 2 for name in ops}, max(3, args.repeats))
     params = sum(p.numel() for p in models["no_communication"].parameters())
+    # What the step's communication costs the CPUs at least: one all-reduce of every gradient,
+    # alone (on 2 CPUs it takes them from backward whenever it runs).
+    gradients = torch.zeros(params)
+    ops[GRADIENTS_ALONE] = lambda: dist.all_reduce(gradients, group=groups["tensorxfer"])
+    samples = _timed_loops(dist, ops, {name: 2 for name in ops}, max(3, args.repeats))
     return {"samples": _slowest(dist, samples), "parameters": params}
 
 
@@ -280,7 +286,8 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
 def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
     case = f"DDP step, MLP {ddp['parameters'] / 1e6:.1f}M params, 2 ranks"
     for variant, values in ddp["samples"].items():
-        report.add(case, variant, "time per step", [v * 1e3 for v in values], "ms", lower_is_better=True)
+        metric = "time per all_reduce" if variant == GRADIENTS_ALONE else "time per step"
+        report.add(case, variant, metric, [v * 1e3 for v in values], "ms", lower_is_better=True)
     gloo = report.find(case, "gloo", "time per step").value
     local = report.find(case, "no_communication", "time per step").value
     share = max(0.0, 1.0 - local / gloo)
@@ -290,6 +297,12 @@ def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
         floor = report.find(case, "noop_backend", "time per step").value
         report.note(f"DDP: over a backend that does nothing the step takes {floor:.1f} ms: the most any "
                     f"backend can reach here is {gloo / floor:.2f}x gloo")
+        if GRADIENTS_ALONE in ddp["samples"]:
+            alone = report.find(case, GRADIENTS_ALONE, "time per all_reduce").value
+            ours = report.find(case, "tensorxfer", "time per step").value
+            report.note(f"DDP: the tensorxfer step is {ours - floor:.1f} ms over the no-op step; its all-reduce of "
+                        f"the {ddp['parameters'] * 4 / 2**20:.0f} MiB of gradients takes {alone:.1f} ms alone "
+                        f"(memory-bound work on the {os.cpu_count()} CPUs that backward uses too)")
 
 
 def launcher_main(args: argparse.Namespace) -> int:
