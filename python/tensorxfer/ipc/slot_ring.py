@@ -13,6 +13,11 @@ Several producers, one consumer (the process that created the ring)::
     ring.release(slot)
     ring.close()
 
+On an open ring, ``acquire_free``, ``publish``, ``acquire_ready`` and
+``release`` are the native calls themselves, with no Python frame around them
+(they are a hand-off's critical path); they check their arguments as the
+methods below document.
+
 Waits release the GIL.  How they spend their time is set by ``spin_us``:
 
 * ``None`` (the default): the standard policy of every tensorxfer wait.
