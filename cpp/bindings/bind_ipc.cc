@@ -75,21 +75,19 @@ std::optional<uint64_t> plain_int_below(py::handle value, uint64_t high) {
   return static_cast<uint64_t>(number);
 }
 
-uint64_t checked_in_python(py::handle value, const char* name, const char* bound_name, uint64_t bound) {
-  py::module_ checks = py::module_::import("tensorxfer.ipc.slot_ring");
-  py::object high = bound_name != nullptr ? checks.attr(bound_name) : py::int_(bound);
-  return checks.attr("_check_int")(value, name, 0, high).cast<uint64_t>();
+uint64_t checked_in_python(py::handle value, const char* name, const py::object& high) {
+  return py::module_::import("tensorxfer.ipc.slot_ring").attr("_check_int")(value, name, 0, high).cast<uint64_t>();
 }
 
 uint32_t slot_argument(const SlotRing& ring, py::handle slot) {
   if (const auto plain = plain_int_below(slot, ring.depth())) return static_cast<uint32_t>(*plain);
-  return static_cast<uint32_t>(checked_in_python(slot, "slot", nullptr, ring.depth()));
+  return static_cast<uint32_t>(checked_in_python(slot, "slot", py::int_(ring.depth())));
 }
 
 // tick_id: any of the 2**64 values (those past 2**63 take the Python check).
 uint64_t tick_argument(py::handle tick_id) {
   if (const auto plain = plain_int_below(tick_id, UINT64_MAX)) return *plain;
-  return checked_in_python(tick_id, "tick_id", "_MAX_TICK_ID", 0);
+  return checked_in_python(tick_id, "tick_id", py::module_::import("tensorxfer.ipc.slot_ring").attr("_MAX_TICK_ID"));
 }
 
 }  // namespace
