@@ -96,18 +96,20 @@ TX_AVX2 inline __m256i avx2_bf16_round(__m256 v) {
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
 }
-TX_AVX2 inline void avx2_bf16_store16(uint16_t* out, __m256 low, __m256 high) {
+TX_AVX2 inline __m256i avx2_bf16_pack16(__m256 low, __m256 high) {
   // packus interleaves 128-bit lanes: [l0-3 h0-3 l4-7 h4-7]; 0xd8 puts them back in order.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(avx2_bf16_round(low), avx2_bf16_round(high)),
-                                                  0xd8);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(avx2_bf16_round(low), avx2_bf16_round(high)), 0xd8);
 }
 TX_AVX2 inline __m128i avx2_f16_round(__m256 v) {
   return _mm256_cvtps_ph(avx2_canonical_nan(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-TX_AVX2 inline void avx2_f16_store16(uint16_t* out, __m256 low, __m256 high) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), avx2_f16_round(low));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), avx2_f16_round(high));
+TX_AVX2 inline __m256i avx2_f16_pack16(__m256 low, __m256 high) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(avx2_f16_round(low)), avx2_f16_round(high), 1);
+}
+// 16 narrowed elements, stored to `out` and, when not null, `second`: narrowed once.
+TX_AVX2 inline void store16_twice(uint16_t* out, uint16_t* second, __m256i packed) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+  if (second != nullptr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(second), packed);
 }
 // MAXPS/MINPS return their second operand unless the first compares greater/less:
 // (value, acc) is `value > acc ? value : acc`, as the portable loop.
@@ -118,7 +120,7 @@ TX_AVX2 inline __m256 avx2_combine(__m256 acc, __m256 value) {
   return _mm256_min_ps(value, acc);
 }
 
-template <__m256 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m256, __m256), float (*LoadScalar)(uint16_t),
+template <__m256 (*Load)(const uint16_t*), __m256i (*Pack16)(__m256, __m256), float (*LoadScalar)(uint16_t),
           uint16_t (*StoreScalar)(float), Combine C>
 TX_AVX2 void avx2_reduce_loop(const void* const* sources, int count, float divisor, uint16_t* out, uint16_t* second,
                               std::size_t n) noexcept {
@@ -132,20 +134,19 @@ TX_AVX2 void avx2_reduce_loop(const void* const* sources, int count, float divis
       high = avx2_combine<C>(high, Load(source_at(sources, k, i + 8)));
     }
     if (divide) low = _mm256_div_ps(low, by), high = _mm256_div_ps(high, by);
-    Store16(out + i, low, high);
-    if (second != nullptr) Store16(second + i, low, high);
+    store16_twice(out + i, second == nullptr ? nullptr : second + i, Pack16(low, high));
   }
   reduce_from<LoadScalar, StoreScalar, C>(sources, count, divisor, out, second, i, n);
 }
 
-template <__m256 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m256, __m256), float (*LoadScalar)(uint16_t),
+template <__m256 (*Load)(const uint16_t*), __m256i (*Pack16)(__m256, __m256), float (*LoadScalar)(uint16_t),
           uint16_t (*StoreScalar)(float)>
 void avx2_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
                  std::size_t n) noexcept {
   const float by = divisor_of(op, divisor);
   with_combine(op, [&](auto combine) {
-    avx2_reduce_loop<Load, Store16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out, second,
-                                                                                     n);
+    avx2_reduce_loop<Load, Pack16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out, second,
+                                                                                    n);
   });
 }
 
@@ -163,15 +164,14 @@ TX_AVX512 inline __m512 avx512_canonical_nan(__m512 v) {
   const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNanFloat)));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, nan);
 }
-TX_AVX512 inline void avx512_bf16_store16(uint16_t* out, __m512 v) {
+TX_AVX512 inline __m256i avx512_bf16_pack16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(avx512_canonical_nan(v));
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
+  return _mm512_cvtepi32_epi16(rounded);
 }
-TX_AVX512 inline void avx512_f16_store16(uint16_t* out, __m512 v) {
-  const __m256i half = _mm512_cvtps_ph(avx512_canonical_nan(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), half);
+TX_AVX512 inline __m256i avx512_f16_pack16(__m512 v) {
+  return _mm512_cvtps_ph(avx512_canonical_nan(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 template <Combine C>
 TX_AVX512 inline __m512 avx512_combine(__m512 acc, __m512 value) {
@@ -180,7 +180,7 @@ TX_AVX512 inline __m512 avx512_combine(__m512 acc, __m512 value) {
   return _mm512_min_ps(value, acc);
 }
 
-template <__m512 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m512), float (*LoadScalar)(uint16_t),
+template <__m512 (*Load)(const uint16_t*), __m256i (*Pack16)(__m512), float (*LoadScalar)(uint16_t),
           uint16_t (*StoreScalar)(float), Combine C>
 TX_AVX512 void avx512_reduce_loop(const void* const* sources, int count, float divisor, uint16_t* out,
                                   uint16_t* second, std::size_t n) noexcept {
@@ -191,20 +191,19 @@ TX_AVX512 void avx512_reduce_loop(const void* const* sources, int count, float d
     __m512 acc = Load(source_at(sources, 0, i));
     for (int k = 1; k < count; ++k) acc = avx512_combine<C>(acc, Load(source_at(sources, k, i)));
     if (divide) acc = _mm512_div_ps(acc, by);
-    Store16(out + i, acc);
-    if (second != nullptr) Store16(second + i, acc);
+    store16_twice(out + i, second == nullptr ? nullptr : second + i, Pack16(acc));
   }
   reduce_from<LoadScalar, StoreScalar, C>(sources, count, divisor, out, second, i, n);
 }
 
-template <__m512 (*Load)(const uint16_t*), void (*Store16)(uint16_t*, __m512), float (*LoadScalar)(uint16_t),
+template <__m512 (*Load)(const uint16_t*), __m256i (*Pack16)(__m512), float (*LoadScalar)(uint16_t),
           uint16_t (*StoreScalar)(float)>
 void avx512_reduce(ReduceOp op, const void* const* sources, int count, int divisor, uint16_t* out, uint16_t* second,
                    std::size_t n) noexcept {
   const float by = divisor_of(op, divisor);
   with_combine(op, [&](auto combine) {
-    avx512_reduce_loop<Load, Store16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out, second,
-                                                                                     n);
+    avx512_reduce_loop<Load, Pack16, LoadScalar, StoreScalar, decltype(combine)::value>(sources, count, by, out,
+                                                                                      second, n);
   });
 }
 #endif  // TENSORXFER_X86_KERNELS
@@ -257,11 +256,11 @@ HalfReduce half_reduce(HalfKernels kernels, bool bfloat16) noexcept {
   switch (kernels) {
 #ifdef TENSORXFER_X86_KERNELS
     case HalfKernels::kAvx512:
-      return bfloat16 ? avx512_reduce<avx512_bf16_load, avx512_bf16_store16, load_bf16, store_bf16>
-                      : avx512_reduce<avx512_f16_load, avx512_f16_store16, load_f16, store_f16>;
+      return bfloat16 ? avx512_reduce<avx512_bf16_load, avx512_bf16_pack16, load_bf16, store_bf16>
+                      : avx512_reduce<avx512_f16_load, avx512_f16_pack16, load_f16, store_f16>;
     case HalfKernels::kAvx2:
-      return bfloat16 ? avx2_reduce<avx2_bf16_load, avx2_bf16_store16, load_bf16, store_bf16>
-                      : avx2_reduce<avx2_f16_load, avx2_f16_store16, load_f16, store_f16>;
+      return bfloat16 ? avx2_reduce<avx2_bf16_load, avx2_bf16_pack16, load_bf16, store_bf16>
+                      : avx2_reduce<avx2_f16_load, avx2_f16_pack16, load_f16, store_f16>;
 #endif
     default: return bfloat16 ? reduce_portable<load_bf16, store_bf16> : reduce_portable<load_f16, store_f16>;
   }
