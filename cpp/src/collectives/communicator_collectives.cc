@@ -28,6 +28,27 @@ using internal::require_tensor;
 // staged gather in 128 KiB slices, had found it slower). Not yet measured on AMD.
 constexpr std::size_t kStreamingGatherBytes = std::size_t{32} << 20;
 
+// How an all-reduce of `nbytes` copies the peers' reduced slices into place:
+// streaming stores from kStreamingGatherBytes on (made visible by finish()), plain copies below.
+class SliceGather {
+ public:
+  explicit SliceGather(std::size_t nbytes) noexcept : streaming_(nbytes >= kStreamingGatherBytes) {}
+  void operator()(void* destination, const void* source, std::size_t nbytes) const noexcept {
+    if (streaming_) {
+      copy::streaming_copy(destination, source, nbytes);
+    } else {
+      copy_bytes(destination, source, nbytes);
+    }
+  }
+  // After the last slice: orders the streaming stores before anything the caller does next.
+  void finish() const noexcept {
+    if (streaming_) copy::streaming_fence();
+  }
+
+ private:
+  bool streaming_;
+};
+
 // Element slice [begin, end) of `count` that rank `rank` owns in a two-shot
 // step; boundaries on 64-byte multiples so each rank's slice starts on its own line.
 std::pair<std::size_t, std::size_t> slice_of(int rank, int world, std::size_t count, std::size_t element) {
@@ -80,8 +101,7 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
   const std::size_t chunk_count = stage_nbytes_ / element;
   const int world = world_size();
   const int me = rank();
-  const bool streaming = count * element >= kStreamingGatherBytes;
-  void (*const gather)(void*, const void*, std::size_t) noexcept = streaming ? copy::streaming_copy : copy_bytes;
+  const SliceGather gather(count * element);
   std::size_t done = 0;
   do {  // at least once: a zero-element call still meets the other ranks
     const std::size_t n = std::min(chunk_count, count - done);
@@ -114,7 +134,7 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
     }
     done += n;
   } while (done < count);
-  if (streaming) copy::streaming_fence();
+  gather.finish();
 }
 
 void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::size_t count, ElementType type,
@@ -123,8 +143,7 @@ void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::siz
   const int world = world_size();
   const int me = rank();
   std::byte* mine = buffer(me) + offset;
-  const bool streaming = count * element >= kStreamingGatherBytes;
-  void (*const gather)(void*, const void*, std::size_t) noexcept = streaming ? copy::streaming_copy : copy_bytes;
+  const SliceGather gather(count * element);
   start_barrier(call, descriptor);
   // Reduce-scatter in place (only this rank reads its own slice), then gather.
   const auto [begin, end] = slice_of(me, world, count, element);
@@ -136,7 +155,7 @@ void Communicator::all_reduce_in_buffer(Call& call, std::size_t offset, std::siz
     const auto [from, to] = slice_of(r, world, count, element);
     gather(mine + from * element, buffer(r) + offset + from * element, (to - from) * element);
   }
-  if (streaming) copy::streaming_fence();
+  gather.finish();
   out_barrier(call, "end");  // nobody reads my slice any more: the caller may write the buffer
 }
 
@@ -203,12 +222,12 @@ void Communicator::reduce_scatter(const TensorView& output, const TensorView& in
         require_outside_windows(input, "reduce_scatter: input"); require_outside_windows(output, "reduce_scatter: output");
       },
       [&] {
+    // Peer r reads only block r of my window: my own block stays in the
+    // caller's tensor, which I reduce from directly (as two-shot all_reduce does).
+    const auto me = static_cast<std::size_t>(rank());
     std::size_t done = 0;
     do {
       const std::size_t n = std::min(chunk_count, block - done);
-      // Peer r reads only block r of my window: my own block stays in the
-      // caller's tensor, which I reduce from directly (as two-shot all_reduce does).
-      const auto me = static_cast<std::size_t>(rank());
       std::byte* mine = window(rank(), sequence_);
       for (std::size_t r = 0; r < world; ++r) {
         if (r != me) copy_bytes(mine + r * n * element, in + (r * block + done) * element, n * element);
