@@ -173,7 +173,9 @@ class TestOnDevice:
         assert bool((dst == 1).all()), "the copy ran before the caller's stream was done with dst"
 
     def test_synchronize_ready_blocks_without_sleep_polling(self, backend, no_sleeping):
+        # A registered (pinned) slot: a copy from pageable memory returns only once it is done.
         src = torch.ones(1 << 24, dtype=torch.uint8)
+        backend.register_host_slots([src])
         dst = backend.allocate_device_slots(count=1, shape=src.shape, dtype=torch.uint8)[0]
         torch.cuda._sleep(200_000_000)
         backend.submit_h2d(slot=1, dst=dst, src=src)

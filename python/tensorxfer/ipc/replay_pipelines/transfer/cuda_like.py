@@ -4,7 +4,9 @@ Copies run on a dedicated ``torch.cuda.Stream``; a ``torch.cuda.Event`` per
 slot marks when the slot's copy is done.  ``register_host_slots`` pins the
 shared host slots in place with ``cudaHostRegister`` (undone on ``close``), so
 the copy engine reads them directly (DMA from pinned memory, truly
-asynchronous).
+asynchronous). A source that is not registered (or otherwise pinned) is
+pageable memory: CUDA stages it through its own pinned buffer, so
+``submit_h2d`` returns only once the copy, and the work it waits for, is done.
 
 Who issues the copy (``h2d_submitter``), as upstream:
 
