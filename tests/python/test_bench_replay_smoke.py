@@ -74,4 +74,4 @@ def test_bench_module_rejects_unknown_case(tmp_path):
                              "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
                             env=os.environ.copy())
     assert result.returncode == 2
-    assert "expected a subset of pack, copy, handoff" in result.stderr
+    assert "expected a subset of pack, copy, device_copy, handoff" in result.stderr

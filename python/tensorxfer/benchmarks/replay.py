@@ -6,6 +6,12 @@ Cases (sizes shrink with ``--quick``):
   ``pack_rows`` vs ``numpy.take(out=)`` and ``torch.index_select(out=)``.
 * host copy: submit + wait of 64 MiB through the host replay transfer backend
   vs ``numpy.copyto`` and ``torch.Tensor.copy_``.
+* device copy (with a CUDA device): submit + wait of 64 MiB from a registered
+  (pinned) host slot through the CUDA replay transfer backend vs
+  ``Tensor.copy_(non_blocking=True)`` from pinned memory on a side stream with
+  a blocking event (the backend's mechanism) and on the current stream, and
+  ``Tensor.copy_`` from pageable memory, each followed by its wait; skipped,
+  with the reason, without a device.
 * handoff: cross-process latency of a 64-byte batch sent every 0.5 ms to a
   waiting consumer, and throughput of 4 MiB batches, SlotRing (default standard
   wait, spin off, and a fixed 1 ms spin that outlasts the publish interval) vs
@@ -33,7 +39,7 @@ FULL = {"store_bytes": 512 << 20, "row_bytes": 4096, "pack_rows": 4096, "copy_by
 QUICK = {"store_bytes": 16 << 20, "row_bytes": 4096, "pack_rows": 512, "copy_bytes": 4 << 20,
          "repeats": 3, "latency_batches": 100, "latency_warmup": 10, "interval_s": 0.0005,
          "throughput_batches": 30, "throughput_bytes": 1 << 20, "handoff_rounds": 1}
-CASES = ("pack", "copy", "handoff")
+CASES = ("pack", "copy", "device_copy", "handoff")
 
 
 def _torch():
@@ -127,6 +133,69 @@ def bench_copy(report: Report, sizes: dict) -> None:
     report.compare(case, "time", "tensorxfer host backend", faster, target=0.95)
 
 
+def bench_device_copy(report: Report, sizes: dict) -> None:
+    """CUDA backend submit_h2d + synchronize_ready vs torch copies into the same device tensor."""
+    torch = _torch()
+    case = f"device copy {sizes['copy_bytes'] >> 20} MiB (submit + wait)"
+    if torch is None or not torch.cuda.is_available():
+        report.note(f"{case}: skipped: " + ("torch is not installed" if torch is None
+                                             else "no CUDA device (torch.cuda.is_available() is False)"))
+        return
+    from tensorxfer.ipc.replay_pipelines.transfer import build_replay_transfer_backend
+
+    nbytes = sizes["copy_bytes"]
+    slot = torch.full((nbytes,), 3, dtype=torch.uint8)
+    pageable = torch.full((nbytes,), 3, dtype=torch.uint8)
+    pinned = torch.full((nbytes,), 3, dtype=torch.uint8).pin_memory()
+    backend = build_replay_transfer_backend(device="cuda", ring_depth=1)
+    try:
+        backend.register_host_slots([slot])
+        target = backend.allocate_device_slots(count=1, shape=(nbytes,), dtype=torch.uint8)[0]
+
+        def cuda_backend() -> None:
+            backend.submit_h2d(slot=0, dst=target, src=slot)
+            backend.synchronize_ready(0)
+
+        def torch_pinned() -> None:
+            target.copy_(pinned, non_blocking=True)
+            torch.cuda.synchronize()
+
+        side_stream = torch.cuda.Stream()
+        copied = torch.cuda.Event(blocking=True)
+
+        def torch_side_stream() -> None:  # the backend's mechanism: a copy stream and a sleeping wait
+            with torch.cuda.stream(side_stream):
+                target.copy_(pinned, non_blocking=True)
+                copied.record(side_stream)
+            copied.synchronize()
+
+        def torch_pageable() -> None:
+            target.copy_(pageable)
+            torch.cuda.synchronize()
+
+        target.zero_()
+        cuda_backend()
+        if not bool((target == 3).all()):
+            raise AssertionError("device copy benchmark: the CUDA backend did not copy the bytes")
+        samples = time_interleaved({"tensorxfer cuda backend": cuda_backend,
+                                    "torch copy_ from pinned": torch_pinned,
+                                    "torch side stream + blocking event": torch_side_stream,
+                                    "torch copy_ from pageable": torch_pageable}, sizes["repeats"])
+        facts = (f"device copy on {torch.cuda.get_device_name()}: h2d_submitter {backend.h2d_submitter}, "
+                 f"slot pinned in place {backend.host_pinned}")
+    finally:
+        backend.close()
+    for name, seconds in samples.items():
+        report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
+        report.add(case, name, "bandwidth", [nbytes / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
+    for baseline in ("torch side stream + blocking event", "torch copy_ from pinned", "torch copy_ from pageable"):
+        report.compare(case, "time", "tensorxfer cuda backend", baseline)
+    report.note(facts)
+    report.note("device copy: the backend orders its copy stream after the caller's stream and waits in a "
+                "blocking event (the waiting thread sleeps); torch copy_ + torch.cuda.synchronize() waits "
+                "on the caller's stream, spinning or yielding as the CUDA context's schedule decides")
+
+
 def bench_handoff(report: Report, sizes: dict) -> None:
     """Cross-process latency (64 B every 0.5 ms) and throughput (4 MiB batches)."""
     transports = handoff.available_transports()
@@ -214,7 +283,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     title = f"tensorxfer replay benchmark on {machine['cpu_model']} ({machine['cpus']} CPUs)"
     report = Report(title + (" (quick)" if args.quick else ""),
                     config={"quick": args.quick, "cases": cases, **sizes})
-    runners = {"pack": bench_pack, "copy": bench_copy, "handoff": bench_handoff}
+    runners = {"pack": bench_pack, "copy": bench_copy, "device_copy": bench_device_copy,
+               "handoff": bench_handoff}
     for case in cases:
         print(f"running {case} ...", file=sys.stderr, flush=True)
         runners[case](report, sizes)
