@@ -56,7 +56,7 @@ build() {
 cpp_tests() {  # the C++ tests whose code calls the CUDA runtime, each binary in turn
   local failed=0
   for test in cuda_copy_test ipc_memory_test managed_test advice_test copy_engine_test \
-              tensor_view_test dlpack_abi_test numa_test; do
+              tensor_view_test dlpack_abi_test numa_test element_math_test; do
     "$BUILD/$test" --gtest_brief=1 || failed=1
   done
   return $failed
@@ -76,7 +76,7 @@ python_tests() {
     tests/python/inference/test_host_mempool.py tests/python/inference/test_unified_memory_modules.py \
     tests/python/inference/test_host_paths_without_cuda.py tests/python/ipc/replay_pipelines/test_factory.py \
     tests/python/test_cli.py tests/python/test_cuda_availability.py tests/python/test_extension_exports.py \
-    tests/python/resharding/test_torch_copy_service_cuda.py
+    tests/python/resharding/test_torch_copy_service_cuda.py tests/python/runtime/test_cuda_all_reduce.py
   local cuda_aware=$?
   return $((cuda_marked | cuda_aware))
 }

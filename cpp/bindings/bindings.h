@@ -69,6 +69,7 @@ void bind_group(py::module_& module);
 void bind_collectives(py::module_& module);
 void bind_reduce(py::module_& module);  // the reduction kernels alone (tests)
 void bind_cuda(py::module_& module);
+void bind_cuda_all_reduce(py::module_& module);  // tensorxfer._core.CudaAllReduce (builds with CUDA)
 void bind_resharding(py::module_& module);
 
 }  // namespace tensorxfer::bindings

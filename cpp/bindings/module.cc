@@ -15,6 +15,7 @@ PYBIND11_MODULE(_core, module) {
   bind_collectives(module);
   bind_reduce(module);
   bind_cuda(module);
+  bind_cuda_all_reduce(module);
   bind_resharding(module);
 }
 

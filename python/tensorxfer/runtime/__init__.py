@@ -19,6 +19,9 @@
   ``barrier_out``, ``barrier_flag``), made collectively on a group.
 * :class:`Communicator` -- all_reduce / all_gather / reduce_scatter /
   broadcast / barrier among the ranks of one host over an IpcMemory.
+* :class:`CudaCommunicator` -- all_reduce of CUDA tensors among the ranks of
+  one host over an IpcMemory(device="cuda"), queued on torch's current stream
+  (CUDA graphs capture it).
 
 All are native (``tensorxfer._core``) and release the GIL while they copy,
 reduce or wait.  ``timeout`` follows the package rules (:mod:`tensorxfer.errors`):
@@ -29,7 +32,8 @@ usable; a group or communicator does not: its ranks are out of step).
 
 from tensorxfer._core import CopyEngine, HostEvent, HostStream
 from tensorxfer.runtime.collectives import Communicator
+from tensorxfer.runtime.cuda_collectives import CudaCommunicator
 from tensorxfer.runtime.group import GroupHandle, LocalGroup
 from tensorxfer.runtime.ipc_memory import IpcMemory
 
-__all__ = ["CopyEngine", "Communicator", "GroupHandle", "HostEvent", "HostStream", "IpcMemory", "LocalGroup"]
+__all__ = ["CopyEngine", "Communicator", "CudaCommunicator", "GroupHandle", "HostEvent", "HostStream", "IpcMemory", "LocalGroup"]
