@@ -34,9 +34,11 @@ struct CudaAllReduce::Device {
   uint64_t* host_status_for_device = nullptr;  // the same word, as the device addresses it
 
   ~Device() {
+#ifdef TENSORXFER_WITH_CUDA_KERNELS  // only such builds allocate them (and the fake runtime has no cudaFreeHost)
     CudaDeviceGuard guard(cuda_device, std::nothrow);
     if (words != nullptr) TENSORXFER_CUDA_CALL(cudaFree(words));
     if (host_status != nullptr) TENSORXFER_CUDA_CALL(cudaFreeHost(host_status));
+#endif
   }
 };
 
