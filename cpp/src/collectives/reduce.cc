@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tensorxfer/collectives/element_math.h"
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/tensor_view.h"
@@ -17,17 +18,6 @@ namespace {
 
 // Elements reduced per tile: the accumulator (<= 8 KiB) stays in L1.
 constexpr std::size_t kTile = 1024;
-
-inline uint32_t float_bits(float value) noexcept {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-inline float bits_float(uint32_t bits) noexcept {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
 
 // How each element type is loaded into, and stored from, its accumulator.
 template <typename Storage, typename Accumulator>
@@ -45,15 +35,8 @@ struct Int64 {
   static int64_t store(int64_t value) noexcept { return value; }
 };
 
-template <typename T>
-inline T wrapping_add(T a, T b) noexcept {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
+// Integer sums wrap (element_math.h: the same arithmetic as the CUDA kernels).
+using element_math::wrapping_add;
 
 template <typename Kind>
 __attribute__((always_inline)) inline void reduce_tiles(ReduceOp op, const void* const* sources, int source_count,
@@ -136,45 +119,11 @@ void reduce_half(HalfKernels choice, bool bfloat16, ReduceOp op, const void* con
 
 }  // namespace
 
-float bfloat16_to_float(uint16_t value) noexcept { return bits_float(static_cast<uint32_t>(value) << 16); }
-
-uint16_t float_to_bfloat16(float value) noexcept {
-  uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // the canonical quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float float16_to_float(uint16_t value) noexcept {
-  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
-  const uint32_t exponent = (value >> 10) & 0x1fu;
-  const uint32_t mantissa = value & 0x3ffu;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in float.
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
-    return bits_float(float_bits(magnitude) | sign);
-  }
-  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
-
-uint16_t float_to_float16(float value) noexcept {
-  uint32_t bits = float_bits(value);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  bits &= 0x7fffffffu;
-  if (bits > 0x7f800000u) return 0x7e00u;  // the canonical quiet NaN
-  if (bits == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
-  if (bits < 0x38800000u) {
-    // Subnormal half (or zero): adding 0.5 lines the half's mantissa up with the
-    // float's low bits, and the float addition rounds to nearest even.
-    const float shifted = bits_float(bits) + 0.5f;
-    return static_cast<uint16_t>(sign | (float_bits(shifted) - 0x3f000000u));
-  }
-  const uint32_t odd = (bits >> 13) & 1u;
-  bits += 0xc8000fffu + odd;  // rebias the exponent (127 -> 15) and round to nearest even
-  return static_cast<uint16_t>(sign | (bits >> 13));
-}
+// The conversions are element_math.h's, shared with the CUDA kernels.
+float bfloat16_to_float(uint16_t value) noexcept { return element_math::bfloat16_to_float(value); }
+uint16_t float_to_bfloat16(float value) noexcept { return element_math::float_to_bfloat16(value); }
+float float16_to_float(uint16_t value) noexcept { return element_math::float16_to_float(value); }
+uint16_t float_to_float16(float value) noexcept { return element_math::float_to_float16(value); }
 
 ElementType element_type_of(DLDataType dtype, const char* argument) {
   if (dtype.lanes == 1) {

@@ -1,12 +1,13 @@
 // element_math.h is the CUDA all-reduce's per-element arithmetic; here the host
-// runs the same functions against the host reduction (reduce.h), bit for bit, and
-// checks the slice and chunk arithmetic the kernels index with.
+// runs it against the host reduction's own loops (reduce.h: tiles, and the AVX2 /
+// AVX-512 half kernels), bit for bit, and checks the slice and chunk arithmetic the
+// kernels index with. The half conversions are the host's too (reduce.cc calls
+// element_math.h): ReduceTest.HalfConversionsRoundToNearestEven tests them.
 #include "tensorxfer/collectives/element_math.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -17,29 +18,6 @@ namespace tensorxfer::collectives {
 namespace {
 
 namespace math = element_math;
-
-TEST(ElementMathTest, WideningMatchesTheHostForEveryHalfBitPattern) {
-  for (uint32_t bits = 0; bits < 65536; ++bits) {
-    const auto value = static_cast<uint16_t>(bits);
-    ASSERT_EQ(math::float_bits(math::bfloat16_to_float(value)), math::float_bits(bfloat16_to_float(value))) << bits;
-    ASSERT_EQ(math::float_bits(math::float16_to_float(value)), math::float_bits(float16_to_float(value))) << bits;
-  }
-}
-
-TEST(ElementMathTest, NarrowingMatchesTheHostOnEdgesAndRandomFloats) {
-  std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
-                                    0xffffffffu, 0x477fe000u, 0x477ff000u, 0x477fefffu, 0x38800000u, 0x387fffffu,
-                                    0x33000000u, 0x33000001u, 0x00000001u, 0x007fffffu, 0x3f800000u, 0x3f808000u,
-                                    0x3f818000u, 0x7f7fffffu};
-  std::mt19937 random(7);
-  for (int i = 0; i < (1 << 20); ++i) patterns.push_back(static_cast<uint32_t>(random()));
-  for (uint32_t bits = 0x33000000u; bits < 0x39000000u; bits += 0x1001u) patterns.push_back(bits);  // half subnormals
-  for (uint32_t bits : patterns) {
-    const float value = math::bits_float(bits);
-    ASSERT_EQ(math::float_to_bfloat16(value), float_to_bfloat16(value)) << std::hex << bits;
-    ASSERT_EQ(math::float_to_float16(value), float_to_float16(value)) << std::hex << bits;
-  }
-}
 
 template <typename Kind>
 void expect_reduce_one_matches_the_host(ElementType type, std::mt19937& random) {
@@ -61,21 +39,24 @@ void expect_reduce_one_matches_the_host(ElementType type, std::mt19937& random) 
       sources.push_back(input.data());
     }
     for (uint32_t op = math::kSum; op <= math::kMin; ++op) {
-      std::vector<S> expected(kCount);
-      reduce_elements(type, static_cast<ReduceOp>(op), host_sources.data(), world, world, expected.data(), nullptr,
-                      kCount, HalfKernels::kPortable);
-      for (std::size_t i = 0; i < kCount; ++i) {
-        const S got = math::reduce_one<Kind>(op, sources.data(), world, i);
-        if constexpr (std::is_floating_point_v<S>) {
-          // Which NaN a float sum of NaNs gives depends on the operand order the compiler
-          // (or the GPU) picks: a NaN it must be, its payload is unspecified.
-          if (expected[i] != expected[i]) {
-            ASSERT_NE(got, got) << "type " << static_cast<int>(type) << " op " << op << " element " << i;
-            continue;
+      for (HalfKernels kernels : {HalfKernels::kPortable, HalfKernels::kAuto}) {
+        std::vector<S> expected(kCount);
+        reduce_elements(type, static_cast<ReduceOp>(op), host_sources.data(), world, world, expected.data(),
+                        nullptr, kCount, kernels);
+        for (std::size_t i = 0; i < kCount; ++i) {
+          const S got = math::reduce_one<Kind>(op, sources.data(), world, i);
+          if constexpr (std::is_floating_point_v<S>) {
+            // Which NaN a float sum of NaNs gives depends on the operand order the compiler
+            // (or the GPU) picks: a NaN it must be, its payload is unspecified.
+            if (expected[i] != expected[i]) {
+              ASSERT_NE(got, got) << "type " << static_cast<int>(type) << " op " << op << " element " << i;
+              continue;
+            }
           }
+          ASSERT_EQ(std::memcmp(&got, &expected[i], sizeof(S)), 0)
+              << "type " << static_cast<int>(type) << " op " << op << " world " << world << " element " << i
+              << " kernels " << half_kernels_name(kernels);
         }
-        ASSERT_EQ(std::memcmp(&got, &expected[i], sizeof(S)), 0)
-            << "type " << static_cast<int>(type) << " op " << op << " world " << world << " element " << i;
       }
     }
   }
