@@ -19,24 +19,12 @@ namespace {
 // Elements reduced per tile: the accumulator (<= 8 KiB) stays in L1.
 constexpr std::size_t kTile = 1024;
 
-// How each element type is loaded into, and stored from, its accumulator.
-template <typename Storage, typename Accumulator>
-struct Plain {
-  using storage = Storage;
-  using accumulator = Accumulator;
-  static Accumulator load(Storage value) noexcept { return static_cast<Accumulator>(value); }
-  static Storage store(Accumulator value) noexcept { return static_cast<Storage>(value); }
-};
-// int64 sums wrap: accumulate in uint64 (defined overflow), store back bit for bit.
-struct Int64 {
-  using storage = int64_t;
-  using accumulator = int64_t;
-  static int64_t load(int64_t value) noexcept { return value; }
-  static int64_t store(int64_t value) noexcept { return value; }
-};
+// How each element type is loaded into, and stored from, its accumulator: element_math.h's
+// kinds, shared with the CUDA kernels (int32 accumulates in int64, int64 sums wrap).
+namespace math = element_math;
 
 // Integer sums wrap (element_math.h: the same arithmetic as the CUDA kernels).
-using element_math::wrapping_add;
+using math::wrapping_add;
 
 template <typename Kind>
 __attribute__((always_inline)) inline void reduce_tiles(ReduceOp op, const void* const* sources, int source_count,
@@ -105,7 +93,7 @@ bool float32_vector_tiles(HalfKernels choice) noexcept {
 __attribute__((target("avx2"))) void reduce_float32_avx2(ReduceOp op, const void* const* sources, int source_count,
                                                          int divisor, void* destination, void* second_destination,
                                                          std::size_t count) noexcept {
-  reduce_tiles<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination, count);
+  reduce_tiles<math::Float32>(op, sources, source_count, divisor, destination, second_destination, count);
 }
 
 // Half types: one pass in float32 registers per instruction set (half_kernels.cc).
@@ -176,10 +164,10 @@ void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, 
       if (float32_vector_tiles(half_kernels)) {
         return reduce_float32_avx2(op, sources, source_count, divisor, destination, second_destination, count);
       }
-      return reduce_typed<Plain<float, float>>(op, sources, source_count, divisor, destination, second_destination,
+      return reduce_typed<math::Float32>(op, sources, source_count, divisor, destination, second_destination,
                                                count);
     case ElementType::kFloat64:
-      return reduce_typed<Plain<double, double>>(op, sources, source_count, divisor, destination,
+      return reduce_typed<math::Float64>(op, sources, source_count, divisor, destination,
                                                  second_destination, count);
     case ElementType::kBFloat16:
       return reduce_half(half_kernels, true, op, sources, source_count, divisor, destination, second_destination,
@@ -188,10 +176,10 @@ void reduce_elements(ElementType type, ReduceOp op, const void* const* sources, 
       return reduce_half(half_kernels, false, op, sources, source_count, divisor, destination, second_destination,
                          count);
     case ElementType::kInt32:
-      return reduce_typed<Plain<int32_t, int64_t>>(op, sources, source_count, divisor, destination,
+      return reduce_typed<math::Int32>(op, sources, source_count, divisor, destination,
                                                    second_destination, count);
     case ElementType::kInt64:
-      return reduce_typed<Int64>(op, sources, source_count, divisor, destination, second_destination, count);
+      return reduce_typed<math::Int64>(op, sources, source_count, divisor, destination, second_destination, count);
   }
 }
 
