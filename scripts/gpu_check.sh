@@ -71,12 +71,12 @@ python_tests() {
   fi
   python3 -m pytest -p no:cacheprovider -q -m cuda tests/python
   local cuda_marked=$?
-  # The tests whose path changes when a device is present (a skip, or a branch), unmarked.
+  # The unmarked tests whose path changes when a device is present (a skip, or a branch);
+  # the cuda-marked ones (the copy service over nccl, CudaCommunicator) ran above.
   python3 -m pytest -p no:cacheprovider -q tests/python/runtime/test_ipc_memory.py \
     tests/python/inference/test_host_mempool.py tests/python/inference/test_unified_memory_modules.py \
     tests/python/inference/test_host_paths_without_cuda.py tests/python/ipc/replay_pipelines/test_factory.py \
-    tests/python/test_cli.py tests/python/test_cuda_availability.py tests/python/test_extension_exports.py \
-    tests/python/resharding/test_torch_copy_service_cuda.py tests/python/runtime/test_cuda_all_reduce.py
+    tests/python/test_cli.py tests/python/test_cuda_availability.py tests/python/test_extension_exports.py
   local cuda_aware=$?
   return $((cuda_marked | cuda_aware))
 }

@@ -98,6 +98,13 @@ def bench_pack(report: Report, sizes: dict) -> None:
                     "its own (the copy engine's workers sleep between calls either way)")
 
 
+def add_copy_samples(report: Report, case: str, samples: dict, nbytes: int) -> None:
+    """Each variant's copy times (ms) and bandwidths (GB/s) of `nbytes`."""
+    for name, seconds in samples.items():
+        report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
+        report.add(case, name, "bandwidth", [nbytes / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
+
+
 def bench_copy(report: Report, sizes: dict) -> None:
     """Host backend submit_h2d + synchronize_ready vs numpy.copyto vs torch.Tensor.copy_."""
     from tensorxfer.ipc.replay_pipelines.transfer import build_replay_transfer_backend
@@ -125,9 +132,7 @@ def bench_copy(report: Report, sizes: dict) -> None:
         samples = time_interleaved(variants, sizes["repeats"])
     finally:
         backend.close()
-    for name, seconds in samples.items():
-        report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
-        report.add(case, name, "bandwidth", [nbytes / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
+    add_copy_samples(report, case, samples, nbytes)
     baselines = [name for name in samples if name != "tensorxfer host backend"]
     faster = min(baselines, key=lambda name: report.find(case, name, "time").value)
     report.compare(case, "time", "tensorxfer host backend", faster, target=0.95)
@@ -185,9 +190,7 @@ def bench_device_copy(report: Report, sizes: dict) -> None:
                  f"slot pinned in place {backend.host_pinned}")
     finally:
         backend.close()
-    for name, seconds in samples.items():
-        report.add(case, name, "time", [s * 1e3 for s in seconds], "ms", lower_is_better=True)
-        report.add(case, name, "bandwidth", [nbytes / s / 1e9 for s in seconds], "GB/s", lower_is_better=False)
+    add_copy_samples(report, case, samples, nbytes)
     for baseline in ("torch side stream + blocking event", "torch copy_ from pinned", "torch copy_ from pageable"):
         report.compare(case, "time", "tensorxfer cuda backend", baseline)
     report.note(facts)
