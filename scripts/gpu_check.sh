@@ -6,7 +6,8 @@
 # googletest from GTEST_SOURCES (default: .gpu-carry/googletest, a copy of
 # /usr/src/googletest) when no GTest package is installed. Logs go to $OUT (default
 # /tmp/gpu_check); each step's result is one line of $OUT/summary.txt.
-#   OUT=DIR scripts/gpu_check.sh [pytest arguments replacing the default selection]
+#   OUT=DIR [BENCH=0] scripts/gpu_check.sh [pytest arguments replacing the default selection]
+# BENCH=0 skips the benchmark step.
 set -uo pipefail
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$TOP"
@@ -95,5 +96,5 @@ step build build || exit 1
 step exports exports
 step cpp_tests cpp_tests
 step python_tests python_tests "$@"
-step bench bench
+if [ "${BENCH:-1}" != 0 ]; then step bench bench; fi
 cat "$OUT/summary.txt"

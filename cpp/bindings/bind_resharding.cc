@@ -19,6 +19,7 @@
 #include "tensorxfer/resharding/communication_scheduler.h"
 #include "tensorxfer/resharding/ipc_double_buffers.h"
 #include "tensorxfer/resharding/pipeline_executor.h"
+#include "tensorxfer/resharding/pipeline_plan.h"
 #include "tensorxfer/resharding/task_matcher.h"
 #include "tensorxfer/sync/peer_liveness.h"
 
@@ -263,6 +264,33 @@ void bind_resharding(py::module_& module) {
           py::arg("iteration"), py::arg("batch"))
       .def("synchronize", &PyPipelineExecutor::synchronize, "Waits for launched packs and unpacks.");
   module.def("pipeline_region_nbytes", &resharding::IpcDoubleBuffers::region_nbytes, py::arg("slot_nbytes"));
+  module.def(
+      "check_pipeline_batch",
+      [](const py::handle& batch, bool sending, const U64Array& ids, const U64Array& addresses,
+         const U64Array& nbytes, int my_pe, int world_size, uint64_t slot_nbytes) {
+        const auto native = batch_from(batch);
+        const auto memory = memory_map(ids, addresses, nbytes, sending ? "send" : "receive");
+        resharding::check_pipeline_batch(native, memory, sending, resharding::PlanBounds{my_pe, world_size, slot_nbytes});
+      },
+      py::arg("batch"), py::arg("sending"), py::arg("ids"), py::arg("addresses"), py::arg("nbytes"), py::arg("my_pe"),
+      py::arg("world_size"), py::arg("slot_nbytes"),
+      "check_pipeline_plan's checks of one batch, a send's (sending) or a receive's.");
+  module.def(
+      "check_pipeline_plan",
+      [](const PipelinePlan& plan, const U64Array& send_ids, const U64Array& send_addresses,
+         const U64Array& send_nbytes, const U64Array& recv_ids, const U64Array& recv_addresses,
+         const U64Array& recv_nbytes, int my_pe, int world_size, uint64_t slot_nbytes) {
+        const auto sends = memory_map(send_ids, send_addresses, send_nbytes, "send");
+        const auto receives = memory_map(recv_ids, recv_addresses, recv_nbytes, "receive");
+        py::gil_scoped_release release;
+        resharding::check_pipeline_plan(plan.iterations, sends, receives,
+                                        resharding::PlanBounds{my_pe, world_size, slot_nbytes});
+      },
+      py::arg("plan"), py::arg("send_ids"), py::arg("send_addresses"), py::arg("send_nbytes"), py::arg("recv_ids"),
+      py::arg("recv_addresses"), py::arg("recv_nbytes"), py::arg("my_pe"), py::arg("world_size"),
+      py::arg("slot_nbytes"),
+      "The checks PipelineExecutor.check makes, without an executor (the CUDA executor's; ValueError naming the "
+      "field).");
 
   module.def(
       "read_process_memory",

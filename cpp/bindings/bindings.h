@@ -70,6 +70,7 @@ void bind_collectives(py::module_& module);
 void bind_reduce(py::module_& module);  // the reduction kernels alone (tests)
 void bind_cuda(py::module_& module);
 void bind_cuda_all_reduce(py::module_& module);  // tensorxfer._core.CudaAllReduce (builds with CUDA)
+void bind_cuda_pipeline(py::module_& module);  // tensorxfer._core.cuda_copy_spans / cuda_put (builds with CUDA)
 void bind_resharding(py::module_& module);
 
 }  // namespace tensorxfer::bindings

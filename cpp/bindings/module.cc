@@ -16,6 +16,7 @@ PYBIND11_MODULE(_core, module) {
   bind_reduce(module);
   bind_cuda(module);
   bind_cuda_all_reduce(module);
+  bind_cuda_pipeline(module);
   bind_resharding(module);
 }
 

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_runtime_calls', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_memory', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -623,6 +623,14 @@ def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, nump
     """
     Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, [(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).
     """
+def check_pipeline_batch(batch: typing.Any, sending: bool, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], my_pe: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    check_pipeline_plan's checks of one batch, a send's (sending) or a receive's.
+    """
+def check_pipeline_plan(plan: PipelinePlan, send_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_addresses: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], my_pe: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    The checks PipelineExecutor.check makes, without an executor (the CUDA executor's; ValueError naming the field).
+    """
 def check_timeout(timeout: float | None, operation: str) -> float | None:
     """
     The package's timeout rules (see tensorxfer.errors): None (or +inf) -> None, meaning no deadline; a number of seconds >= 0 -> float seconds (0: try once). TypeError / ValueError naming `operation`'s timeout otherwise.
@@ -637,6 +645,10 @@ def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], en
     """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
+def cuda_copy_spans(table: typing.SupportsInt | typing.SupportsIndex, count: typing.SupportsInt | typing.SupportsIndex, cuda_device: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Queues the copy of `count` spans, rows (source, destination, nbytes) of uint64 at device address `table`, on `stream` (one block per span).
+    """
 def cuda_host_register(pointer: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
     Pins host memory in place for GPU `device`: True when registered (undo with cuda_host_unregister), False when the whole range was already pinned. Raises with the CUDA error cleared.
@@ -647,6 +659,10 @@ def cuda_host_unregister(pointer: typing.SupportsInt | typing.SupportsIndex, dev
     """
 def cuda_is_managed_pointer(pointer: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...
+def cuda_put(destination: typing.SupportsInt | typing.SupportsIndex, source: typing.SupportsInt | typing.SupportsIndex, nbytes: typing.SupportsInt | typing.SupportsIndex, cuda_device: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Queues cudaMemcpyAsync(destination, source, nbytes, device to device) on `stream`.
+    """
 def cuda_runtime_calls() -> int:
     """
     CUDA runtime calls tensorxfer made in this process so far (inherited across fork).
@@ -768,6 +784,7 @@ def unpack_spans(src: typing.Any, addresses: typing.Annotated[numpy.typing.Array
 __version__: str
 build_info: dict
 cuda_copy_compiled: bool = True
+cuda_span_piece_bytes: int = 65536
 uvm_free_symbol: str = 'tensorxfer_uvm_free'
 uvm_last_error_symbol: str = 'tensorxfer_uvm_last_error'
 uvm_malloc_symbol: str = 'tensorxfer_uvm_malloc'

@@ -4,7 +4,6 @@
 #include <array>
 #include <cstring>
 #include <exception>
-#include <set>
 #include <utility>
 
 #include "tensorxfer/common/check.h"
@@ -33,71 +32,14 @@ void PipelineExecutor::check_open(const char* operation) const {
                    ": DoubleBufferManager is closed");
 }
 
-void PipelineExecutor::check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const {
-  const int world = buffers_.world_size();
-  const bool sending = side[0] == 's';
-  const int32_t own = sending ? batch.src_rank : batch.dest_rank;
-  const int32_t peer = sending ? batch.dest_rank : batch.src_rank;
-  const char* own_field = sending ? "src_pe" : "dest_pe";
-  const char* peer_field = sending ? "dest_pe" : "src_pe";
-  TENSORXFER_CHECK(InvalidArgument, own == my_pe_, side, " batch of iteration ", batch.iteration, ": ", own_field,
-                   " is ", own, ", this is rank ", my_pe_);
-  TENSORXFER_CHECK(InvalidArgument, peer >= 0 && peer < world && peer != my_pe_, side, " batch of iteration ",
-                   batch.iteration, ": ", peer_field, " must be another rank of the group (0..", world - 1,
-                   ", not ", my_pe_, "), got ", peer);
-  TENSORXFER_CHECK(InvalidArgument, batch.total_nbytes <= buffers_.slot_nbytes(), side, " batch ", batch.batch_index,
-                   " of iteration ", batch.iteration, ": total_size ", batch.total_nbytes,
-                   " exceeds the slot's ", buffers_.slot_nbytes(), " bytes");
-  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (slot_offset, end) of every segment
-  extents.reserve(batch.segments.size());
-  for (const TaskSegment& segment : batch.segments) {
-    const auto found = memory.find(segment.task_id);
-    TENSORXFER_CHECK(InvalidArgument, found != memory.end(), side, " batch of iteration ", batch.iteration,
-                     " carries task_id=", segment.task_id, " that rank ", my_pe_, " has no ", side, " for");
-    const uint64_t task_nbytes = found->second.nbytes;
-    TENSORXFER_CHECK(InvalidArgument,
-                     segment.task_offset <= task_nbytes && segment.nbytes <= task_nbytes - segment.task_offset,
-                     side, " batch of iteration ", batch.iteration, ", task_id=", segment.task_id,
-                     ": task_offset ", segment.task_offset, " + size ", segment.nbytes, " exceeds the task's ",
-                     task_nbytes, " bytes");
-    TENSORXFER_CHECK(InvalidArgument,
-                     segment.slot_offset <= batch.total_nbytes &&
-                         segment.nbytes <= batch.total_nbytes - segment.slot_offset,
-                     side, " batch of iteration ", batch.iteration, ", task_id=", segment.task_id,
-                     ": slot_offset ", segment.slot_offset, " + size ", segment.nbytes,
-                     " exceeds the batch's total_size ", batch.total_nbytes);
-    if (segment.nbytes != 0) extents.emplace_back(segment.slot_offset, segment.slot_offset + segment.nbytes);
-  }
-  std::sort(extents.begin(), extents.end());
-  for (std::size_t i = 1; i < extents.size(); ++i) {
-    TENSORXFER_CHECK(InvalidArgument, extents[i - 1].second <= extents[i].first, side, " batch of iteration ",
-                     batch.iteration, ": segments overlap in the slot (slot_offset ", extents[i].first,
-                     " lies inside the segment at slot_offset ", extents[i - 1].first, ")");
-  }
+PlanBounds PipelineExecutor::bounds() const {
+  return PlanBounds{my_pe_, buffers_.world_size(), buffers_.slot_nbytes()};
 }
 
 void PipelineExecutor::check_plan(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                                   const TaskMemoryMap& receives) const {
   check_open("check_plan");
-  TENSORXFER_CHECK(InvalidArgument, schedules.size() <= UINT32_MAX, "a plan holds at most ", UINT32_MAX,
-                   " iterations, got ", schedules.size());
-  std::set<std::pair<int32_t, uint32_t>> sent, received;  // (peer, batch_index) so far
-  for (std::size_t i = 0; i < schedules.size(); ++i) {
-    const IterationSchedule& step = schedules[i];
-    for (const bool sending : {true, false}) {
-      const std::optional<ScheduledBatch>& entry = sending ? step.send : step.receive;
-      if (!entry) continue;
-      const ScheduledBatch* batch = &*entry;
-      const char* side = sending ? "send" : "receive";
-      TENSORXFER_CHECK(InvalidArgument, batch->iteration == i, side, " batch in position ", i,
-                       " of the plan: iteration is ", batch->iteration, ", expected ", i);
-      check_batch(*batch, sending ? sends : receives, side);
-      const int32_t peer = sending ? batch->dest_rank : batch->src_rank;
-      const bool fresh = (sending ? sent : received).emplace(peer, batch->batch_index).second;
-      TENSORXFER_CHECK(InvalidArgument, fresh, side, " batch of iteration ", i, ": batch_index ", batch->batch_index,
-                       " appears twice among the batches ", sending ? "to" : "from", " rank ", peer);
-    }
-  }
+  check_pipeline_plan(schedules, sends, receives, bounds());
 }
 
 void PipelineExecutor::copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory,
@@ -128,7 +70,7 @@ void PipelineExecutor::copy_segments(const ScheduledBatch& batch, std::byte* slo
 
 void PipelineExecutor::launch_pack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& sends) {
   check_open("launch_pack");
-  check_batch(batch, sends, "send");
+  check_pipeline_batch(batch, sends, /*sending=*/true, bounds());
   pack_into(buffers_.send_slot(slot_of(iteration)), batch, sends);
 }
 
@@ -138,7 +80,7 @@ void PipelineExecutor::pack_into(std::byte* slot, const ScheduledBatch& batch, c
 
 void PipelineExecutor::launch_unpack(uint32_t iteration, const ScheduledBatch& batch, const TaskMemoryMap& receives) {
   check_open("launch_unpack");
-  check_batch(batch, receives, "receive");
+  check_pipeline_batch(batch, receives, /*sending=*/false, bounds());
   std::byte* slot = buffers_.receive_slot(slot_of(iteration));
   unpack_stream_.enqueue(
       [this, batch, slot, &receives] { copy_segments(batch, slot, receives, /*into_slot=*/false); });

@@ -31,7 +31,9 @@ from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
+from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, device_bytes, task_rows
 from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest
+from tensorxfer.runtime.cuda_collectives import cuda_device_index, cuda_torch
 from tensorxfer.runtime.group import LocalGroup
 from tensorxfer.runtime.ipc_memory import IpcMemory, create_and_map
 
@@ -41,21 +43,33 @@ DEFAULT_SLOT_NBYTES = 4 << 20
 
 class DoubleBufferManager:
     """Two send and two receive slots of ``slot_nbytes`` per rank, in an IpcMemory
-    every rank of ``group`` maps. Collective: every rank constructs it together."""
+    every rank of ``group`` maps. Collective: every rank constructs it together.
+
+    ``device``: ``"cpu"`` (shared memory; the host executor) or ``"cuda"`` /
+    ``"cuda:N"`` (GPU memory mapped through CUDA IPC; the CUDA executor,
+    :mod:`tensorxfer.resharding.cuda_pipeline`)."""
 
     def __init__(self, group: LocalGroup, slot_nbytes: int = DEFAULT_SLOT_NBYTES, *,
-                 timeout: Optional[float] = None) -> None:
-        """``slot_nbytes`` is compared between ranks (``ValueError`` on every rank
-        naming both values); a rank whose construction fails makes every rank's fail."""
+                 timeout: Optional[float] = None, device: str = "cpu") -> None:
+        """``slot_nbytes`` and the kind of device are compared between ranks (``ValueError``
+        on every rank naming both values); a rank whose construction fails makes every rank's fail."""
         def region_nbytes() -> int:  # checked inside the exchange: a bad argument fails every rank
             if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
                 raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
             return int(_core.pipeline_region_nbytes(slot_nbytes))
 
+        self.cuda_device = -1
+        if device != "cpu":
+            torch = cuda_torch("DoubleBufferManager(device='cuda')")
+            self.cuda_device = cuda_device_index(torch, device, "DoubleBufferManager")
+        self.device = "cpu" if device == "cpu" else "cuda"
         self.group = group
         self.slot_nbytes = slot_nbytes
-        self.memory = IpcMemory(create_and_map("DoubleBufferManager", group, region_nbytes, "cpu", timeout,
-                                               {"slot_nbytes": slot_nbytes}))
+        where = "cpu" if device == "cpu" else f"cuda:{self.cuda_device}"
+        native = create_and_map("DoubleBufferManager", group, region_nbytes, where, timeout,
+                                {"slot_nbytes": slot_nbytes, "device": self.device})
+        # GPU memory is closed collectively: no rank frees its region while a peer still maps it.
+        self.memory = IpcMemory(native, group if self.device == "cuda" else None, timeout)
 
     @property
     def closed(self) -> bool:
@@ -66,21 +80,26 @@ class DoubleBufferManager:
         if self.memory.closed:
             raise ClosedError("DoubleBufferManager is closed")
 
-    def send_slot(self, index: int) -> np.ndarray:
-        """This rank's send slot 0 or 1, as uint8 (for inspection and tests)."""
+    def send_slot(self, index: int) -> Any:
+        """This rank's send slot 0 or 1, as uint8 (for inspection and tests): numpy, or a
+        torch tensor on the GPU that does not keep the mapping alive."""
         return self._slot(self.group.rank, index)
 
-    def recv_slot(self, index: int) -> np.ndarray:
+    def recv_slot(self, index: int) -> Any:
         """This rank's receive slot 0 or 1, as uint8."""
         return self._slot(self.group.rank, 2 + index)
 
-    def _slot(self, rank: int, position: int) -> np.ndarray:
+    def _slot(self, rank: int, position: int) -> Any:
         self._ensure_open()
+        if self.device == "cuda":
+            address = int(self.memory.remote_data[rank]) + position * self.slot_nbytes
+            return device_bytes(address, self.slot_nbytes, self.cuda_device)
         region = self.memory.buffer(rank, np.uint8, (4, self.slot_nbytes))
         return region[position]
 
     def close(self) -> None:
-        """Unmaps the slots (views taken before stay readable until dropped)."""
+        """Unmaps the slots (host views taken before stay readable until dropped). On a GPU
+        it is collective, like ``IpcMemory.close``."""
         self.memory.close()
 
 
@@ -159,34 +178,55 @@ def _native_batch(batch: ScheduledBatch, where: str = "batch") -> tuple:
 class PipelineExecutor:
     """Executes a schedule with pack/send/unpack overlap over double-buffered slots."""
 
-    def __init__(self, kernel_launcher: HostKernelLauncher, buffer_manager: DoubleBufferManager, my_pe: int) -> None:
+    def __init__(self, kernel_launcher: Any, buffer_manager: DoubleBufferManager, my_pe: int) -> None:
+        """A :class:`HostKernelLauncher` with a host ``DoubleBufferManager``, or a
+        :class:`~tensorxfer.resharding.cuda_pipeline.CudaKernelLauncher` with a CUDA one."""
         buffer_manager._ensure_open()
         if my_pe != buffer_manager.group.rank:
             raise ValueError(f"my_pe: expected this process's rank {buffer_manager.group.rank}, got {my_pe}")
-        self.kernel_launcher = kernel_launcher
+        on_gpu = buffer_manager.device == "cuda"
+        expected = CudaKernelLauncher if on_gpu else HostKernelLauncher
+        if not issubclass(type(kernel_launcher), expected):
+            raise ValueError(f"PipelineExecutor: a DoubleBufferManager on {buffer_manager.device} needs a "
+                             f"{expected.__name__}, got {type(kernel_launcher).__name__}")
+        self.kernel_launcher: Any = kernel_launcher
         self.buffer_manager = buffer_manager
         self.my_pe = my_pe
-        self._native = _core.PipelineExecutor(buffer_manager.memory._native, buffer_manager.group._native,
-                                              buffer_manager.slot_nbytes, kernel_launcher.engine)
+        self._native: Any = None  # the host executor
+        self._cuda: Optional[CudaPipeline] = None  # or the CUDA one
+        if on_gpu:
+            self._cuda = CudaPipeline(self.kernel_launcher, buffer_manager, my_pe)
+        else:
+            self._native = _core.PipelineExecutor(buffer_manager.memory._native, buffer_manager.group._native,
+                                                  buffer_manager.slot_nbytes, self.kernel_launcher.engine)
         self._loaded: Optional[tuple] = None  # (launcher, version) whose task memory the native side holds
         self._operations = 0  # execute_pipeline calls that reached the native executor
 
     def set_streams(self, pack_stream: Any = None, unpack_stream: Any = None, send_stream: Any = None,
                     copy_stream: Any = None, torch_pack_stream: Any = None, torch_unpack_stream: Any = None,
                     torch_copy_stream: Any = None) -> None:
-        """Upstream takes CUDA streams here. On the host the executor packs and
-        unpacks on its own host streams, so every argument must be None."""
-        given = [s for s in (pack_stream, unpack_stream, send_stream, copy_stream, torch_pack_stream,
-                             torch_unpack_stream, torch_copy_stream) if s is not None]
-        if given:
+        """The CUDA streams to run on (CUDA executor): packs on ``pack_stream``, unpacks on
+        ``unpack_stream``, puts on ``send_stream``, self-moves on ``copy_stream``; each a torch,
+        cuda.core or cupy stream or a handle. A ``torch_*`` stream is the torch view of the
+        same stream (``ValueError`` when both of a pair are given and differ). None keeps the
+        executor's own stream. The host executor packs and unpacks on its own host streams,
+        so there every argument must be None (``UnsupportedError`` otherwise)."""
+        pairs = {"pack": (pack_stream, torch_pack_stream), "unpack": (unpack_stream, torch_unpack_stream),
+                 "send": (send_stream, None), "copy": (copy_stream, torch_copy_stream)}
+        if self._cuda is not None:
+            self._cuda.set_streams(pairs)
+        elif any(s is not None for pair in pairs.values() for s in pair):
             raise UnsupportedError("PipelineExecutor.set_streams: the host executor runs on its own host streams; "
-                                   "device streams need the CUDA executor, which this build does not have")
+                                   "device streams need a DoubleBufferManager(device='cuda')")
 
     def set_events(self, pack_events: Optional[List[Any]], unpack_events: Optional[List[Any]]) -> None:
-        """Upstream takes CUDA events here; on the host both must be None or empty."""
-        if pack_events or unpack_events:
+        """Two torch.cuda.Event each, recorded after packing (unpacking) iteration i as
+        ``events[i % 2]`` (CUDA executor). On the host both must be None or empty."""
+        if self._cuda is not None:
+            self._cuda.set_events(pack_events, unpack_events)
+        elif pack_events or unpack_events:
             raise UnsupportedError("PipelineExecutor.set_events: the host executor keeps its own completion "
-                                   "order; device events need the CUDA executor")
+                                   "order; device events need a DoubleBufferManager(device='cuda')")
 
     def _load_requests(self) -> None:
         launcher = self.kernel_launcher
@@ -230,10 +270,13 @@ class PipelineExecutor:
             self._agree_on_plan(iter_schedules if error is None else [], num_iterations, error, timeout)
         assert plan is not None  # a failed check raised above
         self._operations += 1  # the same count on every rank: the identity its barriers carry
-        self._native.execute(plan, timeout, self._operations)
+        if self._cuda is not None:
+            self._cuda.execute(plan[1], timeout, self._operations)
+        else:
+            self._native.execute(plan[0], timeout, self._operations)
 
     def _checked_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: int) -> Any:
-        """The native plan, checked against the group, the slots and the requests (ValueError)."""
+        """(the native plan, its steps), checked against the group, the slots and the requests (ValueError)."""
         if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 0:
             raise ValueError(f"num_iterations must be an int >= 0, got {num_iterations!r}")
         if num_iterations != len(iter_schedules):
@@ -246,9 +289,20 @@ class PipelineExecutor:
             steps.append((None if send is None else _native_batch(send, f"iter_schedules[{i}]['send']"),
                           None if recv is None else _native_batch(recv, f"iter_schedules[{i}]['recv']")))
         plan = _core.PipelinePlan.from_iterations(steps)
-        self._load_requests()
-        self._native.check(plan)
-        return plan
+        if self._cuda is not None:
+            _core.check_pipeline_plan(plan, *self._task_columns(), **self._bounds())
+        else:
+            self._load_requests()
+            self._native.check(plan)
+        return plan, steps
+
+    def _task_columns(self) -> tuple:
+        sends, receives = self.kernel_launcher.send_memory, self.kernel_launcher.receive_memory
+        return (sends[:, 0], sends[:, 1], sends[:, 2], receives[:, 0], receives[:, 1], receives[:, 2])
+
+    def _bounds(self) -> Dict[str, int]:
+        return {"my_pe": self.my_pe, "world_size": self.buffer_manager.group.world_size,
+                "slot_nbytes": self.buffer_manager.slot_nbytes}
 
     def _agree_on_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: Any,
                        error: Optional[BaseException], timeout: Optional[float]) -> None:
@@ -291,19 +345,27 @@ class PipelineExecutor:
 
     def _launch_pack(self, iteration: int, batch: ScheduledBatch) -> None:
         """Enqueues packing ``batch`` into send slot ``iteration % 2`` (async; see ``synchronize``)."""
-        self.buffer_manager._ensure_open()
-        self._load_requests()
-        self._native.launch_pack(_field(iteration, "iteration", "_launch_pack", _U32), _native_batch(batch))
+        self._launch(iteration, batch, True)
 
     def _launch_unpack(self, iteration: int, batch: ScheduledBatch) -> None:
         """Enqueues unpacking ``batch`` from receive slot ``iteration % 2`` (async)."""
+        self._launch(iteration, batch, False)
+
+    def _launch(self, iteration: int, batch: ScheduledBatch, packing: bool) -> None:
         self.buffer_manager._ensure_open()
+        where = "_launch_pack" if packing else "_launch_unpack"
+        index, native = _field(iteration, "iteration", where, _U32), _native_batch(batch)
+        if self._cuda is not None:
+            columns = self._task_columns()[0:3] if packing else self._task_columns()[3:6]
+            _core.check_pipeline_batch(native, packing, *columns, **self._bounds())
+            self._cuda.launch(index, native, packing)
+            return
         self._load_requests()
-        self._native.launch_unpack(_field(iteration, "iteration", "_launch_unpack", _U32), _native_batch(batch))
+        (self._native.launch_pack if packing else self._native.launch_unpack)(index, native)
 
     def synchronize(self) -> None:
         """Waits for launched packs and unpacks; raises what they raised."""
-        self._native.synchronize()
+        (self._cuda if self._cuda is not None else self._native).synchronize()
 
     def process_self_moves(self, send_requests: Sequence[SendRequest],
                            receive_requests: Sequence[ReceiveRequest]) -> None:
@@ -323,11 +385,20 @@ class PipelineExecutor:
                                  f"but receives {receive.size}")
             pairs_send.append(send)
             pairs_recv.append(receive)
-        if pairs_send:
+        if not pairs_send:
+            return
+        if self._cuda is not None:
+            device = self.buffer_manager.cuda_device
+            source = task_rows(pairs_send, "src_tensor", "src_pos", "send", device)
+            target = task_rows(pairs_recv, "dest_tensor", "dest_pos", "receive", device)
+        else:
             source = _task_memory(pairs_send, "src_tensor", "src_pos", "send")
             target = _task_memory(pairs_recv, "dest_tensor", "dest_pos", "receive")
-            spans = np.stack([source[:, 1], target[:, 1], source[:, 2]], axis=1)
-            _core.copy_spans(np.ascontiguousarray(spans), self.kernel_launcher.engine)
+        spans = np.ascontiguousarray(np.stack([source[:, 1], target[:, 1], source[:, 2]], axis=1))
+        if self._cuda is not None:
+            self._cuda.copy_spans(spans)
+        else:
+            _core.copy_spans(spans, self.kernel_launcher.engine)
 
 
-__all__ = ["DEFAULT_SLOT_NBYTES", "DoubleBufferManager", "HostKernelLauncher", "PipelineExecutor"]
+__all__ = ["CudaKernelLauncher", "DEFAULT_SLOT_NBYTES", "DoubleBufferManager", "HostKernelLauncher", "PipelineExecutor"]

@@ -38,14 +38,24 @@ DEFAULT_MAX_BYTES = 8 << 20
 DEFAULT_TIMEOUT = 60.0
 
 
-def _cuda_torch() -> Any:
+def cuda_torch(user: str) -> Any:
+    """torch, when it runs CUDA here; else UnsupportedError naming ``user`` (what needs it)."""
     try:
         import torch
     except ImportError as missing:
-        raise UnsupportedError("CudaCommunicator needs torch with CUDA (pip install torch)") from missing
+        raise UnsupportedError(f"{user} needs torch with CUDA (pip install torch)") from missing
     if not torch.cuda.is_available():
-        raise UnsupportedError("CudaCommunicator: no CUDA device (torch.cuda.is_available() is False)")
+        raise UnsupportedError(f"{user}: no CUDA device (torch.cuda.is_available() is False)")
     return torch
+
+
+def cuda_device_index(torch: Any, device: Any, user: str) -> int:
+    """The GPU index ``device`` names: ``"cuda"`` (torch's current GPU) or ``"cuda:N"``; else ValueError."""
+    if device == "cuda":
+        return int(torch.cuda.current_device())
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    raise ValueError(f"{user}: device must be 'cuda' or 'cuda:N', got {device!r}")
 
 
 class CudaCommunicator:
@@ -62,13 +72,8 @@ class CudaCommunicator:
             raise ValueError(f"CudaCommunicator: max_bytes must be an int >= 8, got {max_bytes!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e6:
             raise ValueError(f"CudaCommunicator: timeout must be a number of seconds in (0, 1e6], got {timeout!r}")
-        torch = _cuda_torch()
-        if device == "cuda":
-            index = int(torch.cuda.current_device())
-        elif isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
-            index = int(device[5:])
-        else:
-            raise ValueError(f"CudaCommunicator: device must be 'cuda' or 'cuda:N', got {device!r}")
+        torch = cuda_torch("CudaCommunicator")
+        index = cuda_device_index(torch, device, "CudaCommunicator")
         self._torch = torch
         self._device = torch.device("cuda", index)
         self._max_bytes = max_bytes

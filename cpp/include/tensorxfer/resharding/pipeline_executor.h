@@ -29,11 +29,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "tensorxfer/resharding/double_buffers.h"
+#include "tensorxfer/resharding/pipeline_plan.h"
 #include "tensorxfer/resharding/transfer_task.h"
 #include "tensorxfer/runtime/stream.h"
 
@@ -42,20 +41,6 @@ class CopyEngine;
 }
 
 namespace tensorxfer::resharding {
-
-// Where each task's bytes start on this rank (a send's source, a receive's
-// destination), with the task's byte size for checking the schedule against.
-struct TaskMemory {
-  std::byte* data = nullptr;
-  uint64_t nbytes = 0;
-};
-using TaskMemoryMap = std::unordered_map<uint64_t, TaskMemory>;
-
-// What this rank does in one iteration: at most one batch out, one batch in.
-struct IterationSchedule {
-  std::optional<ScheduledBatch> send;
-  std::optional<ScheduledBatch> receive;
-};
 
 class PipelineExecutor {
  public:
@@ -97,7 +82,7 @@ class PipelineExecutor {
 
  private:
   void check_open(const char* operation) const;
-  void check_batch(const ScheduledBatch& batch, const TaskMemoryMap& memory, const char* side) const;
+  PlanBounds bounds() const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
   // Barrier `barrier` of the `barriers` of `operation` (see the file comment).
   void tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers);
