@@ -21,7 +21,6 @@ Usage (every rank, collectively)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -31,6 +30,7 @@ from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
+from tensorxfer.resharding.native_batch import _U32, NativeBatches, field_int
 from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, device_bytes, task_rows
 from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest
 from tensorxfer.runtime.cuda_collectives import cuda_device_index, cuda_torch
@@ -142,39 +142,6 @@ class HostKernelLauncher:
         self.version += 1
 
 
-_U32 = 1 << 32
-_U64 = 1 << 64
-
-
-def _field(value: Any, name: str, where: str, high: int) -> int:
-    """``value`` as an int in [0, high), or ValueError naming the field."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}")
-    if not 0 <= int(value) < high:
-        raise ValueError(f"{where}: {name} must be in [0, {high}), got {int(value)}")
-    return int(value)
-
-
-def _native_batch(batch: ScheduledBatch, where: str = "batch") -> tuple:
-    """The native form of ``batch``, its fields checked (ValueError naming the field). The ranges
-    that depend on the group and the slots are checked natively, also before anything moves."""
-    if not isinstance(batch, ScheduledBatch):
-        raise ValueError(f"{where}: expected a ScheduledBatch or None, got {type(batch).__name__}")
-    src = _field(batch.src_pe, "src_pe", where, 1 << 31)
-    dest = _field(batch.dest_pe, "dest_pe", where, 1 << 31)
-    index = _field(batch.batch_index, "batch_index", where, _U32)
-    iteration = _field(batch.iteration, "iteration", where, _U32)
-    total = _field(batch.total_size, "total_size", where, _U64)
-    rows = []
-    for k, task in enumerate(batch.tasks):
-        if not isinstance(task, BatchTask):
-            raise ValueError(f"{where}: tasks[{k}] must be a BatchTask, got {type(task).__name__}")
-        rows.append(tuple(_field(getattr(task, name), f"tasks[{k}].{name}", where, _U64)
-                          for name in ("task_id", "task_offset", "size", "slot_offset")))
-    segments = np.array(rows, np.uint64).reshape(-1, 4)
-    return (src, dest, index, iteration, total, segments)
-
-
 class PipelineExecutor:
     """Executes a schedule with pack/send/unpack overlap over double-buffered slots."""
 
@@ -201,6 +168,7 @@ class PipelineExecutor:
                                                   buffer_manager.slot_nbytes, self.kernel_launcher.engine)
         self._loaded: Optional[tuple] = None  # (launcher, version) whose task memory the native side holds
         self._operations = 0  # execute_pipeline calls that reached the native executor
+        self._batches = NativeBatches()
 
     def set_streams(self, pack_stream: Any = None, unpack_stream: Any = None, send_stream: Any = None,
                     copy_stream: Any = None, torch_pack_stream: Any = None, torch_unpack_stream: Any = None,
@@ -258,6 +226,7 @@ class PipelineExecutor:
         exactly as its sender sends it. A failed check on any rank is a
         ``ValueError`` on every rank, still before anything moves."""
         self.buffer_manager._ensure_open()
+        self._batches.start()
         error: Optional[BaseException] = None
         plan = None
         try:
@@ -286,8 +255,8 @@ class PipelineExecutor:
             if not isinstance(step, dict):
                 raise ValueError(f"iter_schedules[{i}] must be a dict with 'send' and 'recv', got {type(step).__name__}")
             send, recv = step.get("send"), step.get("recv")
-            steps.append((None if send is None else _native_batch(send, f"iter_schedules[{i}]['send']"),
-                          None if recv is None else _native_batch(recv, f"iter_schedules[{i}]['recv']")))
+            steps.append((None if send is None else self._batches.native(send, f"iter_schedules[{i}]['send']"),
+                          None if recv is None else self._batches.native(recv, f"iter_schedules[{i}]['recv']")))
         plan = _core.PipelinePlan.from_iterations(steps)
         if self._cuda is not None:
             _core.check_pipeline_plan(plan, *self._task_columns(), **self._bounds())
@@ -314,10 +283,7 @@ class PipelineExecutor:
                 batch = step.get(role)
                 if batch is not None:
                     peer = batch.dest_pe if role == "send" else batch.src_pe
-                    native = _native_batch(batch)
-                    digest = hashlib.blake2b(repr(native[:5]).encode() + native[5].tobytes(),
-                                             digest_size=12).hexdigest()
-                    batches.append([i, role, int(peer), digest])
+                    batches.append([i, role, int(peer), self._batches.digest(batch)])
         mine = {"error": None if error is None else str(error)[:2000], "n": repr(num_iterations), "batches": batches}
         group = self.buffer_manager.group
         replies = [json.loads(reply) for reply in group.all_gather_bytes(json.dumps(mine).encode(), timeout)]
@@ -354,7 +320,7 @@ class PipelineExecutor:
     def _launch(self, iteration: int, batch: ScheduledBatch, packing: bool) -> None:
         self.buffer_manager._ensure_open()
         where = "_launch_pack" if packing else "_launch_unpack"
-        index, native = _field(iteration, "iteration", where, _U32), _native_batch(batch)
+        index, native = field_int(iteration, "iteration", where, _U32), self._batches.native(batch, where)
         if self._cuda is not None:
             columns = self._task_columns()[0:3] if packing else self._task_columns()[3:6]
             _core.check_pipeline_batch(native, packing, *columns, **self._bounds())
