@@ -234,6 +234,11 @@ def _rank_main(target, name, rank, world, queue):
         queue.put((rank, f"error {type(error).__name__}: {error}"))
 
 
+def on_gpu(test):
+    """Marks a test of spawned ranks on the GPU (cuda, multiprocess; skipped without a device)."""
+    return pytest.mark.cuda(pytest.mark.multiprocess(pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)(test)))
+
+
 def _spawn(target, world=2, timeout=240):
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -250,9 +255,7 @@ def _spawn(target, world=2, timeout=240):
                 process.kill()
 
 
-@pytest.mark.cuda
-@pytest.mark.multiprocess
-@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)
+@on_gpu
 def test_two_ranks_on_one_gpu_land_what_the_host_executor_lands():
     results = _spawn(_move_every_byte)
     for rank in range(2):
@@ -263,9 +266,7 @@ def test_two_ranks_on_one_gpu_land_what_the_host_executor_lands():
         assert "must be the same CUDA stream" in report["pair"]
 
 
-@pytest.mark.cuda
-@pytest.mark.multiprocess
-@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)
+@on_gpu
 def test_launch_pack_fills_the_cuda_send_slot_and_checks_the_batch():
     results = _spawn(_pack_fills_the_send_slot)
     for rank in range(2):
@@ -275,9 +276,7 @@ def test_launch_pack_fills_the_cuda_send_slot_and_checks_the_batch():
         assert "task_offset 40 + size 20 exceeds the task's 50 bytes" in refused
 
 
-@pytest.mark.cuda
-@pytest.mark.multiprocess
-@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)
+@on_gpu
 def test_a_missing_peer_is_a_timeout_not_a_hang():
     results = _spawn(_a_peer_never_comes)
     assert results[1] == "idle"
