@@ -28,37 +28,29 @@ torch's current stream, and the call returns once every byte has landed.
 from __future__ import annotations
 
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.errors import TensorxferError
+from tensorxfer.resharding.native_batch import task_rows
 from tensorxfer.resharding.schedule import ReceiveRequest, SendRequest
 
 _ROW = 24  # bytes of one span row: (source, destination, nbytes) as uint64
 _STREAM_NAMES = ("pack", "unpack", "send", "copy")
 
 
-def task_rows(requests: Sequence[Any], tensor_field: str, position_field: str, side: str, device: int) -> np.ndarray:
-    """(n, 3) uint64 rows (task_id, address, size) of requests whose tensors are
-    contiguous torch tensors on GPU ``device``; ValueError naming the task otherwise."""
-    rows = np.zeros((len(requests), 3), np.uint64)
-    for i, request in enumerate(requests):
-        tensor = getattr(request, tensor_field)
-        where = f"{side} task {request.task_id}"
+def cuda_tensor_locator(device: int) -> Callable[[Any, str, bool], Tuple[int, int]]:
+    """task_rows' ``locate`` for contiguous torch tensors on GPU ``device``."""
+    def locate(tensor: Any, where: str, writable: bool) -> Tuple[int, int]:
         if not hasattr(tensor, "is_cuda") or not tensor.is_cuda or tensor.device.index != device:
             raise ValueError(f"{where}: the tensor must be a torch tensor on cuda:{device}, got "
                              f"{getattr(tensor, 'device', type(tensor).__name__)}")
         if not tensor.is_contiguous():
             raise ValueError(f"{where}: the tensor must be contiguous")
-        nbytes = tensor.numel() * tensor.element_size()
-        position, size = int(getattr(request, position_field)), int(request.size)
-        if position < 0 or size < 0 or position + size > nbytes:
-            raise ValueError(f"{where}: bytes [{position}, {position + size}) do not lie in its tensor of "
-                             f"{nbytes} bytes")
-        rows[i] = (request.task_id, tensor.data_ptr() + position, size)
-    return rows
+        return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    return locate
 
 
 class _DeviceBytesInterface:
@@ -94,8 +86,9 @@ class CudaKernelLauncher:
         """Replaces the requests the next pipeline packs from and unpacks into."""
         self.send_requests = list(send_requests)
         self.receive_requests = list(receive_requests)
-        self.send_memory = task_rows(self.send_requests, "src_tensor", "src_pos", "send", self.device)
-        self.receive_memory = task_rows(self.receive_requests, "dest_tensor", "dest_pos", "receive", self.device)
+        locate = cuda_tensor_locator(self.device)
+        self.send_memory = task_rows(self.send_requests, "send", locate)
+        self.receive_memory = task_rows(self.receive_requests, "receive", locate)
         self.version += 1
 
 
@@ -213,13 +206,21 @@ class CudaPipeline:
             parts.append(rows)
             extents.append((first, len(rows)))
             first += len(rows)
-        rows = np.concatenate(parts) if parts else np.zeros((0, 3), np.uint64)
-        table = self._torch.from_numpy(rows.view(np.int64).reshape(-1)).to(self.device)
-        return table, extents
+        return self._upload(np.concatenate(parts) if parts else np.zeros((0, 3), np.uint64)), extents
+
+    def _upload(self, rows: np.ndarray) -> Any:
+        """Span rows as a tensor on this GPU (the copy has finished when it returns)."""
+        return self._torch.from_numpy(rows.view(np.int64).reshape(-1)).to(self.device)
 
     def _copy(self, table: Any, extent: Tuple[int, int], stream: Any) -> None:
         first, rows = extent
         _core.cuda_copy_spans(table.data_ptr() + first * _ROW, rows, self.device.index, stream.cuda_stream)
+
+    def _enqueue(self, table: Any, extent: Tuple[int, int], iteration: int, packing: bool) -> None:
+        """Packs (unpacks) the table's rows on the pack (unpack) stream, then records its event of ``iteration``."""
+        stream = self.streams["pack" if packing else "unpack"]
+        self._copy(table, extent, stream)
+        (self.pack_events if packing else self.unpack_events)[iteration % 2].record(stream)
 
     def _barrier(self, operation: int, barrier: int, barriers: int, timeout: Optional[float]) -> None:
         """A barrier of the group that every rank enters with the same (operation, barrier, barriers)."""
@@ -250,9 +251,7 @@ class CudaPipeline:
         unpack.wait_stream(caller)  # and the destinations may still be read by it
 
         def launch(i: int, packing: bool) -> None:
-            stream, events = (pack, self.pack_events) if packing else (unpack, self.unpack_events)
-            self._copy(table, extents[where[i, packing]], stream)
-            events[i % 2].record(stream)
+            self._enqueue(table, extents[where[i, packing]], i, packing)
 
         try:
             if count and steps[0][0] is not None:
@@ -283,10 +282,8 @@ class CudaPipeline:
         me = self.my_pe
         slot = self._slot(me, iteration % 2) if packing else self._slot(me, 2 + iteration % 2)
         table, extents = self._table([(batch, packing, slot)])
-        stream = self.streams["pack" if packing else "unpack"]
-        stream.wait_stream(self._torch.cuda.current_stream(self.device))
-        self._copy(table, extents[0], stream)
-        (self.pack_events if packing else self.unpack_events)[iteration % 2].record(stream)
+        self.streams["pack" if packing else "unpack"].wait_stream(self._torch.cuda.current_stream(self.device))
+        self._enqueue(table, extents[0], iteration, packing)
         self._launched.append(table)
 
     def copy_spans(self, rows: np.ndarray) -> None:
@@ -294,7 +291,7 @@ class CudaPipeline:
         spans = split_spans(rows[:, 0], rows[:, 1], rows[:, 2], int(_core.cuda_span_piece_bytes))
         stream = self.streams["copy"]
         stream.wait_stream(self._torch.cuda.current_stream(self.device))
-        table = self._torch.from_numpy(spans.view(np.int64).reshape(-1)).to(self.device)
+        table = self._upload(spans)
         _core.cuda_copy_spans(table.data_ptr(), len(spans), self.device.index, stream.cuda_stream)
         stream.synchronize()
 

@@ -1,4 +1,5 @@
-"""Schedule batches in the executors' native form, checked once per batch object.
+"""What the executors' native side reads: requests as task memory rows, and schedule
+batches, each checked once per batch object.
 
 ``execute_pipeline`` takes ``ScheduledBatch`` objects. Converting one means
 checking every field of every ``BatchTask`` in Python (a ValueError naming the
@@ -13,11 +14,33 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import numpy as np
 
 from tensorxfer.resharding.schedule import BatchTask, ScheduledBatch
+
+#: The request fields that hold each side's tensor and the task's byte position in it.
+_REQUEST_FIELDS = {"send": ("src_tensor", "src_pos"), "receive": ("dest_tensor", "dest_pos")}
+
+
+def task_rows(requests: Sequence[Any], side: str, locate: Callable[[Any, str, bool], Tuple[int, int]]) -> np.ndarray:
+    """(n, 3) uint64 rows (task_id, address, size) of ``side``'s ("send" or "receive")
+    requests. ``locate(tensor, where, writable)`` gives a tensor's (address, nbytes), or
+    raises ValueError when the executor cannot use it (``writable``: the side receives);
+    a task outside its tensor is a ValueError."""
+    tensor_field, position_field = _REQUEST_FIELDS[side]
+    rows = np.zeros((len(requests), 3), np.uint64)
+    for i, request in enumerate(requests):
+        where = f"{side} task {request.task_id}"
+        address, nbytes = locate(getattr(request, tensor_field), where, side == "receive")
+        position, size = int(getattr(request, position_field)), int(request.size)
+        if position < 0 or size < 0 or position + size > nbytes:
+            raise ValueError(f"{where}: bytes [{position}, {position + size}) do not lie in its tensor of "
+                             f"{nbytes} bytes")
+        rows[i] = (request.task_id, address + position, size)
+    return rows
+
 
 _U32 = 1 << 32
 _U64 = 1 << 64

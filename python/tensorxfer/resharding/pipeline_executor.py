@@ -22,7 +22,7 @@ Usage (every rank, collectively)::
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,8 +30,8 @@ from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
-from tensorxfer.resharding.native_batch import _U32, NativeBatches, field_int
-from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, device_bytes, task_rows
+from tensorxfer.resharding.native_batch import _U32, NativeBatches, field_int, task_rows
+from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, cuda_tensor_locator, device_bytes
 from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest
 from tensorxfer.runtime.cuda_collectives import cuda_device_index, cuda_torch
 from tensorxfer.runtime.group import LocalGroup
@@ -103,20 +103,12 @@ class DoubleBufferManager:
         self.memory.close()
 
 
-def _task_memory(requests: Sequence[Any], tensor_field: str, position_field: str, side: str) -> np.ndarray:
-    """(n, 3) uint64 rows (task_id, address, size) of requests, checked against their tensors."""
-    rows = np.zeros((len(requests), 3), np.uint64)
-    for i, request in enumerate(requests):
-        tensor = getattr(request, tensor_field)
-        info = _tensors.describe(_tensors.normalize(tensor, f"{side} task {request.task_id}", side == "receive"))
-        if not (info.contiguous and info.host):
-            raise ValueError(f"{side} task {request.task_id}: the tensor must be a contiguous host tensor")
-        position, size = int(getattr(request, position_field)), int(request.size)
-        if position < 0 or size < 0 or position + size > info.nbytes:
-            raise ValueError(f"{side} task {request.task_id}: bytes [{position}, {position + size}) do not lie "
-                             f"in its tensor of {info.nbytes} bytes")
-        rows[i] = (request.task_id, info.address + position, size)
-    return rows
+def _host_tensor(tensor: Any, where: str, writable: bool) -> Tuple[int, int]:
+    """task_rows' ``locate`` for the host executor: contiguous host tensors (numpy or torch)."""
+    info = _tensors.describe(_tensors.normalize(tensor, where, writable))
+    if not (info.contiguous and info.host):
+        raise ValueError(f"{where}: the tensor must be a contiguous host tensor")
+    return info.address, info.nbytes
 
 
 class HostKernelLauncher:
@@ -137,8 +129,8 @@ class HostKernelLauncher:
         """Replaces the requests the next pipeline packs from and unpacks into."""
         self.send_requests = list(send_requests)
         self.receive_requests = list(receive_requests)
-        self.send_memory = _task_memory(self.send_requests, "src_tensor", "src_pos", "send")
-        self.receive_memory = _task_memory(self.receive_requests, "dest_tensor", "dest_pos", "receive")
+        self.send_memory = task_rows(self.send_requests, "send", _host_tensor)
+        self.receive_memory = task_rows(self.receive_requests, "receive", _host_tensor)
         self.version += 1
 
 
@@ -353,13 +345,8 @@ class PipelineExecutor:
             pairs_recv.append(receive)
         if not pairs_send:
             return
-        if self._cuda is not None:
-            device = self.buffer_manager.cuda_device
-            source = task_rows(pairs_send, "src_tensor", "src_pos", "send", device)
-            target = task_rows(pairs_recv, "dest_tensor", "dest_pos", "receive", device)
-        else:
-            source = _task_memory(pairs_send, "src_tensor", "src_pos", "send")
-            target = _task_memory(pairs_recv, "dest_tensor", "dest_pos", "receive")
+        locate = _host_tensor if self._cuda is None else cuda_tensor_locator(self.buffer_manager.cuda_device)
+        source, target = task_rows(pairs_send, "send", locate), task_rows(pairs_recv, "receive", locate)
         spans = np.ascontiguousarray(np.stack([source[:, 1], target[:, 1], source[:, 2]], axis=1))
         if self._cuda is not None:
             self._cuda.copy_spans(spans)
