@@ -153,7 +153,6 @@ class CudaPipeline:
         self.pack_events: List[Any] = [torch.cuda.Event() for _ in range(2)]
         self.unpack_events: List[Any] = [torch.cuda.Event() for _ in range(2)]
         self._launched: List[Any] = []  # tables of _launch_pack / _launch_unpack, alive until synchronize
-        self._regions = [int(address) for address in buffers.memory.remote_data]
         self._plan_table: Optional[Tuple[Any, ...]] = None  # (key, entries, table, extents) of the last plan
 
     def set_streams(self, given: Dict[str, Tuple[Any, Any]]) -> None:
@@ -182,7 +181,7 @@ class CudaPipeline:
             setattr(self, name, list(events))
 
     def _slot(self, pe: int, position: int) -> int:
-        return self._regions[pe] + position * self.buffers.slot_nbytes
+        return self.buffers.slot_address(pe, position)
 
     def _plan_table_for(self, entries: List[Tuple[Any, bool, int]]) -> Tuple[Any, List[Tuple[int, int]]]:
         """_table(entries), reused while the launcher's requests and every native batch object are the

@@ -70,6 +70,7 @@ class DoubleBufferManager:
                                 {"slot_nbytes": slot_nbytes, "device": self.device})
         # GPU memory is closed collectively: no rank frees its region while a peer still maps it.
         self.memory = IpcMemory(native, group if self.device == "cuda" else None, timeout)
+        self._regions = [int(address) for address in self.memory.remote_data]  # fixed while open
 
     @property
     def closed(self) -> bool:
@@ -89,11 +90,15 @@ class DoubleBufferManager:
         """This rank's receive slot 0 or 1, as uint8."""
         return self._slot(self.group.rank, 2 + index)
 
+    def slot_address(self, rank: int, position: int) -> int:
+        """Where rank ``rank``'s slot ``position`` (0, 1: send; 2, 3: receive) is mapped in this
+        process; valid while open."""
+        return self._regions[rank] + position * self.slot_nbytes
+
     def _slot(self, rank: int, position: int) -> Any:
         self._ensure_open()
         if self.device == "cuda":
-            address = int(self.memory.remote_data[rank]) + position * self.slot_nbytes
-            return device_bytes(address, self.slot_nbytes, self.cuda_device)
+            return device_bytes(self.slot_address(rank, position), self.slot_nbytes, self.cuda_device)
         region = self.memory.buffer(rank, np.uint8, (4, self.slot_nbytes))
         return region[position]
 
