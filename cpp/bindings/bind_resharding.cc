@@ -304,6 +304,24 @@ void bind_resharding(py::module_& module) {
       py::arg("pid"), py::arg("address"), py::arg("dst"), py::arg("engine"),
       "Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).");
   module.def(
+      "read_process_spans",
+      [](int pid, const U64Array& spans, copy::CopyEngine& engine) {
+        TENSORXFER_CHECK(InvalidArgument, spans.ndim() == 2 && spans.shape(1) == 3,
+                         "spans: expected a uint64 array of shape (n, 3) = (remote address, local address, nbytes)");
+        const uint64_t* rows = spans.data();
+        std::vector<copy::RemotePiece> pieces(static_cast<std::size_t>(spans.shape(0)));
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+          pieces[i] = {rows[3 * i], reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(rows[3 * i + 1])),
+                       static_cast<std::size_t>(rows[3 * i + 2])};
+        }
+        py::gil_scoped_release release;
+        copy::read_process_pieces(engine, pid, pieces);
+      },
+      py::arg("pid"), py::arg("spans"), py::arg("engine"),
+      "For each row (remote address, local address, nbytes) of `spans`: copies nbytes at the remote address in "
+      "process `pid` to the local address (process_vm_readv, many rows per call, the calls spread over the "
+      "engine's threads).");
+  module.def(
       "probe_process_memory",
       [](int pid, uint64_t address, const py::bytes& expected) {
         const std::string text = expected;

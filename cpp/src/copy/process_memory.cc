@@ -42,45 +42,88 @@ constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
   }
 }
 
-// Reads all of [address, address + nbytes) with as many calls as partial reads need.
-void read_range(pid_t pid, uint64_t address, std::byte* dst, std::size_t nbytes) {
-  std::size_t done = 0;
-  while (done < nbytes) {
-    iovec local{dst + done, nbytes - done};
-    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address + done)), nbytes - done};
-    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+// Pieces per call: the kernel's limit on iovecs (UIO_MAXIOV).
+constexpr std::size_t kMaxIovecs = 1024;
+
+// Reads pieces[0, count) (none empty) in calls of up to kMaxIovecs iovecs, as many as
+// partial reads need: a partial read stops inside a piece, the next call resumes there.
+void read_pieces(pid_t pid, const RemotePiece* pieces, std::size_t count) {
+  std::vector<iovec> local(std::min(count, kMaxIovecs)), remote(local.size());
+  std::size_t first = 0, offset = 0;  // the first piece not fully read, and its bytes read
+  while (first < count) {
+    std::size_t n = 0;
+    for (std::size_t i = first; i < count && n < kMaxIovecs; ++i, ++n) {
+      const std::size_t skip = i == first ? offset : 0;
+      local[n] = {pieces[i].dst + skip, pieces[i].nbytes - skip};
+      remote[n] = {reinterpret_cast<void*>(static_cast<uintptr_t>(pieces[i].remote_address + skip)),
+                   pieces[i].nbytes - skip};
+    }
+    const ssize_t got = ::process_vm_readv(pid, local.data(), n, remote.data(), n, 0);
+    const uint64_t at = pieces[first].remote_address + offset;
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw_read_error(errno, pid, address + done, nbytes - done);
+      throw_read_error(errno, pid, at, pieces[first].nbytes - offset);
     }
-    if (got == 0) throw_read_error(EFAULT, pid, address + done, nbytes - done);
-    done += static_cast<std::size_t>(got);
+    if (got == 0) throw_read_error(EFAULT, pid, at, pieces[first].nbytes - offset);
+    for (auto left = static_cast<std::size_t>(got); left > 0;) {
+      const std::size_t rest = pieces[first].nbytes - offset;
+      if (left < rest) {
+        offset += left;
+        break;
+      }
+      left -= rest;
+      ++first;
+      offset = 0;
+    }
   }
 }
 
 }  // namespace
 
-void read_process_memory(CopyEngine& engine, pid_t pid, uint64_t remote_address, std::byte* dst, std::size_t nbytes) {
+void read_process_pieces(CopyEngine& engine, pid_t pid, const std::vector<RemotePiece>& pieces) {
   TENSORXFER_CHECK(InvalidArgument, pid > 0, "read_process_memory: pid must be > 0, got ", pid);
-  TENSORXFER_CHECK(InvalidArgument, nbytes == 0 || (dst != nullptr && remote_address != 0),
-                   "read_process_memory: null address for ", nbytes, " bytes");
-  TENSORXFER_CHECK(InvalidArgument, remote_address <= UINT64_MAX - nbytes,
-                   "read_process_memory: range at ", remote_address, " + ", nbytes, " overflows");
-  if (nbytes == 0) return;
-  const std::size_t chunks = (nbytes + kChunkBytes - 1) / kChunkBytes;
-  engine.parallel_for(chunks, 1, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t chunk = begin; chunk < end; ++chunk) {
-      const std::size_t offset = chunk * kChunkBytes;
-      read_range(pid, remote_address + offset, dst + offset, std::min(kChunkBytes, nbytes - offset));
+  // What the calls read: no piece empty, none larger than a call's bytes.
+  std::vector<RemotePiece> cut;
+  cut.reserve(pieces.size());
+  for (const RemotePiece& piece : pieces) {
+    if (piece.nbytes == 0) continue;
+    TENSORXFER_CHECK(InvalidArgument, piece.dst != nullptr && piece.remote_address != 0,
+                     "read_process_memory: null address for ", piece.nbytes, " bytes");
+    TENSORXFER_CHECK(InvalidArgument, piece.remote_address <= UINT64_MAX - piece.nbytes,
+                     "read_process_memory: range at ", piece.remote_address, " + ", piece.nbytes, " overflows");
+    for (std::size_t offset = 0; offset < piece.nbytes; offset += kChunkBytes) {
+      cut.push_back({piece.remote_address + offset, piece.dst + offset, std::min(kChunkBytes, piece.nbytes - offset)});
+    }
+  }
+  // The calls: runs of consecutive pieces, at most kMaxIovecs of them and kChunkBytes in all.
+  std::vector<std::size_t> starts;
+  std::size_t call_bytes = 0;
+  for (std::size_t i = 0; i < cut.size(); ++i) {
+    if (starts.empty() || call_bytes + cut[i].nbytes > kChunkBytes || i - starts.back() == kMaxIovecs) {
+      starts.push_back(i);
+      call_bytes = 0;
+    }
+    call_bytes += cut[i].nbytes;
+  }
+  if (starts.empty()) return;
+  starts.push_back(cut.size());
+  engine.parallel_for(starts.size() - 1, 1, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t call = begin; call < end; ++call) {
+      read_pieces(pid, cut.data() + starts[call], starts[call + 1] - starts[call]);
     }
   });
+}
+
+void read_process_memory(CopyEngine& engine, pid_t pid, uint64_t remote_address, std::byte* dst, std::size_t nbytes) {
+  read_process_pieces(engine, pid, {{remote_address, dst, nbytes}});
 }
 
 bool probe_process_memory(pid_t pid, uint64_t remote_address, const std::byte* expected, std::size_t nbytes) noexcept {
   if (pid <= 0 || nbytes == 0 || nbytes > 4096 || expected == nullptr) return false;
   std::vector<std::byte> got(nbytes);
   try {
-    read_range(pid, remote_address, got.data(), nbytes);
+    const RemotePiece piece{remote_address, got.data(), nbytes};
+    read_pieces(pid, &piece, 1);
   } catch (...) {
     return false;
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "support/process.h"
@@ -62,6 +63,49 @@ TEST_F(ChildWithPattern, ReadsEveryByteInParallelChunks) {
   EXPECT_TRUE(probe_process_memory(child_, reinterpret_cast<uintptr_t>(region_), expected, 4));
   const std::byte wrong[4] = {};
   EXPECT_FALSE(probe_process_memory(child_, reinterpret_cast<uintptr_t>(region_), wrong, 4));
+}
+
+TEST_F(ChildWithPattern, ReadsManyPiecesInAnyOrder) {
+  // 2,000 pieces of 0 to 3 KiB (more than one call's iovecs) plus one larger than a call,
+  // in a shuffled order, each to its own place in `out`.
+  std::vector<RemotePiece> pieces;
+  std::vector<std::pair<std::size_t, std::size_t>> where;  // (offset in the child's region, nbytes)
+  std::size_t offset = 0, total = 0;
+  for (std::size_t i = 0; i < 2000; ++i) {
+    const std::size_t nbytes = (i * 7919) % 3072;
+    where.emplace_back(offset, nbytes);
+    offset += nbytes + (i % 5);
+    total += nbytes;
+  }
+  where.emplace_back(offset, std::size_t{5} << 20);
+  total += std::size_t{5} << 20;
+  ASSERT_LE(offset + (std::size_t{5} << 20), kBytes);
+  std::vector<std::byte> out(total);
+  std::size_t placed = 0;
+  for (const auto& [at, nbytes] : where) {
+    pieces.push_back({reinterpret_cast<uintptr_t>(region_) + at, out.data() + placed, nbytes});
+    placed += nbytes;
+  }
+  for (std::size_t i = 0; i + 1 < pieces.size(); ++i) std::swap(pieces[i], pieces[(i * 31) % pieces.size()]);
+  CopyEngine engine(2);
+  read_process_pieces(engine, child_, pieces);
+  for (const RemotePiece& piece : pieces) {
+    const std::size_t at = piece.remote_address - reinterpret_cast<uintptr_t>(region_);
+    for (std::size_t k = 0; k < piece.nbytes; k += 97) {
+      ASSERT_EQ(piece.dst[k], static_cast<std::byte>(((at + k) * 13 + 5) & 0xFF)) << at << "+" << k;
+    }
+    if (piece.nbytes) ASSERT_EQ(piece.dst[piece.nbytes - 1], static_cast<std::byte>(((at + piece.nbytes - 1) * 13 + 5) & 0xFF));
+  }
+}
+
+TEST_F(ChildWithPattern, AnUnmappedPieceAfterReadOnesIsAnInvalidArgument) {
+  // The kernel reads the first piece and stops at the second: the next call starts there and fails.
+  CopyEngine engine(1);
+  std::vector<std::byte> out(128);
+  const std::vector<RemotePiece> pieces{{reinterpret_cast<uintptr_t>(region_), out.data(), 64},
+                                        {4096, out.data() + 64, 64}};
+  EXPECT_THROW(read_process_pieces(engine, child_, pieces), InvalidArgument);
+  EXPECT_EQ(out[1], static_cast<std::byte>(18));
 }
 
 TEST_F(ChildWithPattern, AnUnmappedRangeIsAnInvalidArgument) {

@@ -88,10 +88,10 @@ def launch_torch(world: int, args: List[str], timeout: float) -> Tuple[List[int]
         shutil.rmtree(init_dir, ignore_errors=True)
 
 
-def launch_shm(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
+def launch_shm(world: int, args: List[str], timeout: float, backend: str = "shm") -> Tuple[List[int], str]:
     group_name = f"copy-service-test-{os.getpid()}-{os.urandom(4).hex()}"
     processes = [
-        subprocess.Popen([sys.executable, WORKER, "shm", *args, str(rank), str(world), group_name],
+        subprocess.Popen([sys.executable, WORKER, backend, *args, str(rank), str(world), group_name],
                          env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in range(world)
     ]
@@ -138,10 +138,13 @@ LAUNCHERS: Dict[str, Callable[[int, List[str], float], Tuple[List[int], str]]] =
     "mpi": launch_mpi,
     "torch": launch_torch,
     "shm": launch_shm,
+    # the shm backend with cma_min_bytes=0: every remote task by cross-memory attach
+    "shm-attach": lambda world, args, timeout: launch_shm(world, args, timeout, "shm-attach"),
 }
 
 # (backend, world sizes the conformance suite runs)
-WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch": [2, 3, 4], "shm": [1, 2, 3, 4]}
+WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch": [2, 3, 4], "shm": [1, 2, 3, 4],
+                                     "shm-attach": [2, 3]}
 
 
 def unavailable(backend: str) -> Optional[str]:
@@ -160,4 +163,10 @@ def unavailable(backend: str) -> Optional[str]:
             return "torch is not installed"
         if not dist.is_available() or not dist.is_gloo_available():
             return "torch.distributed with gloo is not available"
+    if backend == "shm-attach":
+        from tensorxfer._info import cross_memory_attach
+
+        attach = cross_memory_attach()
+        if not attach["permitted"]:
+            return f"cross-memory attach is not permitted here: {attach['detail']}"
     return None

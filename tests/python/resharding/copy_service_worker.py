@@ -2,7 +2,8 @@
 
     copy_service_worker.py BACKEND OUT_DIR SIZE MODE [RANK WORLD INIT_FILE]
 
-BACKEND: local | mpi (rank/world from mpirun) | torch (RANK WORLD INIT_FILE given).
+BACKEND: local | mpi (rank/world from mpirun) | torch (RANK WORLD INIT_FILE given) | shm, shm-attach
+(RANK WORLD GROUP_NAME given; shm-attach: cma_min_bytes=0).
 MODE: "conformance" runs every scenario of copy_service_scenarios and writes
 OUT_DIR/rank<R>.json = {scenario: "ok" | traceback}; "kill" makes the last rank
 SIGKILL itself after one good run while the others run again; "idle" makes the
@@ -18,6 +19,8 @@ import signal
 import sys
 import time
 import traceback
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,12 +44,18 @@ def make_service(backend: str, argv: list, timeout: float):
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         return build_copy_service("torch", timeout=timeout), dist
-    if backend == "shm":
+    if backend in ("shm", "shm-attach"):
         from tensorxfer.runtime import LocalGroup
 
         rank, world, name = int(argv[0]), int(argv[1]), argv[2]
         group = LocalGroup.join(name, rank=rank, world_size=world, timeout=60)
-        return build_copy_service("shm", group=group, timeout=timeout), group
+        if backend == "shm":
+            return build_copy_service("shm", group=group, timeout=timeout), group
+        # Every remote task of any size read from its sender by cross-memory attach.
+        service = build_copy_service("shm", group=group, timeout=timeout, cma_min_bytes=0)
+        pairs = service.cma_pairs  # [reader, sender]; a rank never reads itself
+        assert (pairs | np.eye(world, dtype=bool)).all(), f"cross-memory attach refused between ranks: {pairs}"
+        return service, group
     raise SystemExit(f"unknown backend {backend}")
 
 

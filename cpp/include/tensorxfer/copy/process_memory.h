@@ -12,10 +12,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tensorxfer::copy {
 
 class CopyEngine;
+
+// One piece of a gathered read: `nbytes` at `remote_address` in the other process, into `dst`.
+struct RemotePiece {
+  uint64_t remote_address;
+  std::byte* dst;
+  std::size_t nbytes;
+};
 
 // Copies `nbytes` at `remote_address` in process `pid` into `dst`, split in
 // chunks over the engine's threads. Throws Unsupported when the kernel refuses
@@ -23,6 +31,13 @@ class CopyEngine;
 // when the remote range is not mapped there (EFAULT) or arguments are bad,
 // SystemError otherwise. dst is fully written when it returns.
 void read_process_memory(CopyEngine& engine, pid_t pid, uint64_t remote_address, std::byte* dst, std::size_t nbytes);
+
+// Reads every piece from process `pid`, as read_process_memory reads one (same
+// errors, every dst fully written when it returns): many pieces go in one call
+// (an iovec each, at most 1024 and about 4 MiB per call), the calls spread over
+// the engine's threads; a piece larger than a call is cut. An invalid dst is
+// refused by the kernel (InvalidArgument), never written through.
+void read_process_pieces(CopyEngine& engine, pid_t pid, const std::vector<RemotePiece>& pieces);
 
 // True if `nbytes` at `remote_address` in `pid` can be read now and equal
 // `expected` (a value the caller learnt another way). Never throws.

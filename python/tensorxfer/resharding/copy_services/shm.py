@@ -203,13 +203,14 @@ class ShmCopyService(ForwardsToProtocol):
         # Sources as they are now (non-contiguous ones copied once); destinations as
         # the copies see them (non-contiguous ones staged, copied back at the end).
         kept_alive, send_addresses = _tensors.sources_as_now(send_tensors, send_spans)  # read until the end
-        recv_targets, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
+        # (staging tensors live in `pending` until copied back)
+        _, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         if plan.any_direct:
             with self._group_wait("the direct reads"):
                 published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
             failure: Optional[Exception] = None
             try:
-                self._read_directly(plan, published, recv_targets, recv_addresses, recv_spans.nbytes)
+                self._read_directly(plan, published, recv_addresses, recv_spans.nbytes)
             except Exception as error:  # agreed below: no rank goes on to the executor's barriers
                 failure = error
             with self._group_wait("the direct reads"):
@@ -234,8 +235,8 @@ class ShmCopyService(ForwardsToProtocol):
             raise
         _tensors.copy_back(pending)
 
-    def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_targets: List[Any],
-                       recv_addresses: np.ndarray, recv_nbytes: np.ndarray) -> None:
+    def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_addresses: np.ndarray,
+                       recv_nbytes: np.ndarray) -> None:
         """Receivers read direct tasks straight from their senders' memory (``published``:
         see _exchange_direct_addresses): from a sender's shared send buffer with a
         plain copy, else by cross-memory attach."""
@@ -244,21 +245,25 @@ class ShmCopyService(ForwardsToProtocol):
         published = published_for_receives(self.backend_name, plan, published)
         sources = plan.direct_recv_src
         nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
+        targets = recv_addresses[plan.direct_recv_local].astype(np.uint64)
         from_buffer = published[:, 2] != NOT_IN_BUFFER
         if from_buffer.any():
             sizes = nbytes[from_buffer]
             peer = self._buffers.peer_addresses(sources[from_buffer], published[from_buffer, 2], sizes,
                                                 self.backend_name)
-            spans = np.stack([peer, recv_addresses[plan.direct_recv_local[from_buffer]].astype(np.uint64), sizes], axis=1)
+            spans = np.stack([peer, targets[from_buffer], sizes], axis=1)
             _core.copy_spans(np.ascontiguousarray(spans), self._engine)
             self.buffer_tasks_read += int(from_buffer.sum())
-        for i in np.flatnonzero(~from_buffer):
-            src = int(sources[i])
-            if not self.cma_pairs[src, self.rank]:
-                raise RuntimeError(f"{self.backend_name}: rank {src} sent a task from outside its send buffer that "
-                                   f"rank {self.rank} may not read by cross-memory attach")
-            target = recv_targets[int(plan.direct_recv_local[i])]
-            _core.read_process_memory(self._pids[src], int(published[i, 1]), target, self._engine)
+        by_attach = ~from_buffer
+        refused = by_attach & ~self.cma_pairs[sources, self.rank]
+        if refused.any():
+            src = int(sources[np.flatnonzero(refused)[0]])
+            raise RuntimeError(f"{self.backend_name}: rank {src} sent a task from outside its send buffer that "
+                               f"rank {self.rank} may not read by cross-memory attach")
+        for src in np.unique(sources[by_attach]):
+            rows = by_attach & (sources == src)  # every task from one sender: one gathered read
+            spans = np.stack([published[rows, 1], targets[rows], nbytes[rows]], axis=1)
+            _core.read_process_spans(self._pids[int(src)], np.ascontiguousarray(spans), self._engine)
 
     def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
                                    timeout: Optional[float]) -> np.ndarray:
