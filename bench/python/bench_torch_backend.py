@@ -16,8 +16,9 @@ Launched once, this script starts the rank processes itself (TCP store on
   the tensorxfer group alone (what the step's communication costs by itself);
 * ``2 hosts x 2 ranks`` (root only): ranks in two simulated hosts (own IPC and
   mount namespaces, own /dev/shm), the tensorxfer group's hierarchical
-  all-reduce vs flat gloo, and the floor: its cross-host step alone
-  (``cross_step_only``: each rank's gloo all-reduce of its shard).
+  all-reduce vs flat gloo, and its parts alone: the cross-host step
+  (``cross_step_only``: each rank's gloo all-reduce of its shard) and the
+  steps inside the host (``in_host_steps_only``: reduce-scatter, all-gather).
 
 Variants are interleaved loop by loop; a sample is the time per op of one
 loop, the slowest rank's; the table shows medians and ratios (gloo time /
@@ -154,6 +155,11 @@ def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any
                 # the floor: the cross-host step alone, on this rank's shard (every rank runs one)
                 shard = torch.zeros(-(-tensor.numel() // len(groups["tensorxfer"].topology.local_ranks)), dtype=dtype)
                 ops["cross_step_only"] = lambda s=shard: cross.all_reduce(s, "sum")
+                # and the op's steps inside the host alone: reduce-scatter, then all-gather (no cross step)
+                host_comm = groups["tensorxfer"]._comm
+                whole = torch.zeros(shard.numel() * len(groups["tensorxfer"].topology.local_ranks), dtype=dtype)
+                ops["in_host_steps_only"] = lambda s=shard, w=whole: (host_comm.reduce_scatter(s, w, "sum"),
+                                                                      host_comm.all_gather(w, s))
             base = loop_count(nbytes, args.quick)
             loops = {name: base if name != "gloo" else max(2, base // 20) for name in ops}
             samples = _timed_loops(dist, ops, loops, args.repeats)
@@ -262,6 +268,13 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
             report.compare(case, "time per all_reduce", "tensorxfer", "gloo", 1.5 if nbytes >= 1 << 20 else None)
             if "cross_step_only" in samples:
                 report.compare(case, "time per all_reduce", "cross_step_only", "gloo", None)
+            if "cross_step_only" in samples and "in_host_steps_only" in samples:
+                # The three steps one after the other, each timed alone: what the op costs without overlap.
+                parts = sum(report.find(case, v, "time per all_reduce").value
+                            for v in ("cross_step_only", "in_host_steps_only"))
+                gloo = report.find(case, "gloo", "time per all_reduce").value
+                report.note(f"{case}: its steps alone (in host + cross host) {parts:.0f} us: gloo / that "
+                            f"{gloo / parts:.2f}x")
             continue
         target = 20.0 if nbytes <= 1 << 20 else (3.0 if nbytes >= 64 << 20 else None)
         report.compare(case, "time per all_reduce", "tensorxfer", "gloo", target)
@@ -303,6 +316,10 @@ def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
             report.note(f"DDP: the tensorxfer step is {ours - floor:.1f} ms over the no-op step; its all-reduce of "
                         f"the {ddp['parameters'] * 4 / 2**20:.0f} MiB of gradients takes {alone:.1f} ms alone "
                         f"(memory-bound work on the {os.cpu_count()} CPUs that backward uses too)")
+            # The CPUs are busy through the no-op step, so the all-reduce's own time adds to it
+            # unless it runs in time they would otherwise leave idle.
+            report.note(f"DDP: no-op step + that all-reduce = {floor + alone:.1f} ms: "
+                        f"{gloo / (floor + alone):.2f}x gloo")
 
 
 def launcher_main(args: argparse.Namespace) -> int:
