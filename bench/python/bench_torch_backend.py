@@ -7,8 +7,13 @@ Launched once, this script starts the rank processes itself (TCP store on
   ``dist.all_reduce`` (sum) through a ``"tensorxfer"`` group, through a
   ``"gloo"`` group, and ``Communicator.all_reduce`` on the same tensor, and
   the floor: ``dist.all_reduce`` through a backend that does nothing
-  (``noop_backend``: torch's own wrapper and the cheapest work object),
-  float32 and bfloat16, every size of ``--sizes``; then (2 ranks) one DDP
+  (``noop_backend``: torch's own wrapper and the cheapest work object), and
+  through a backend whose all_reduce is just ``Communicator.all_reduce`` with
+  that work object (``minimal_backend``: the least a Python backend over
+  Communicator costs; torch's wrapper costs more around real work than around none),
+  float32 and bfloat16, every size of ``--sizes``, and the copy floor (every rank
+  copies its tensor into a window-sized scratch and back: the bytes any
+  shared-memory all-reduce of a private tensor moves at least); then (2 ranks) one DDP
   training step of an MLP of about 25M parameters per backend, the same
   step without DDP (to say how much of the gloo step is communication), and
   DDP over the no-op backend (its buckets and copies without communication:
@@ -48,6 +53,8 @@ DEFAULT_OUT = HERE.parent / "results"
 DEFAULT_SIZES = ["1K", "16K", "64K", "256K", "1M", "16M", "64M"]
 DTYPES = ["float32", "bfloat16"]
 DDP_LAYERS = [1024, 4096, 4096, 1024]  # 25.2M parameters
+#: A Python backend whose all_reduce is Communicator.all_reduce and the cheapest work object.
+MINIMAL_BACKEND = "minimal_backend"
 
 
 def loop_count(nbytes: int, quick: bool) -> int:
@@ -60,14 +67,16 @@ def loop_count(nbytes: int, quick: bool) -> int:
 
 
 NOOP_BACKEND = "txbenchnoop"
+MINIMAL_NAME = "txbenchminimal"
 GRADIENTS_ALONE = "tensorxfer all_reduce of the gradients alone"
 
 
-def _register_noop_backend() -> None:
+def _register_noop_backend(comm: Any) -> None:
     """A backend whose all_reduce does nothing: what torch's dist.all_reduce costs around any Python backend.
 
     It returns the cheapest work object there is (no Python ``__init__``, only
     ``wait``), so ``noop_backend`` time is the floor no Python backend can go under.
+    Also the minimal backend: the same, its all_reduce running ``comm.all_reduce``.
     """
     import torch
     import torch.distributed as dist
@@ -103,8 +112,20 @@ def _register_noop_backend() -> None:
         def getBackendName(self) -> str:
             return NOOP_BACKEND
 
+    class MinimalProcessGroup(NoopProcessGroup):
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            comm.all_reduce(tensors[0])
+            return super().allreduce(tensors)
+
+        def getBackendName(self) -> str:
+            return MINIMAL_NAME
+
     if NOOP_BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NOOP_BACKEND, lambda store, rank, size, timeout: NoopProcessGroup(rank, size),
+                                      devices=["cpu"])
+    if MINIMAL_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(MINIMAL_NAME,
+                                      lambda store, rank, size, timeout: MinimalProcessGroup(rank, size),
                                       devices=["cpu"])
 
 
@@ -135,6 +156,24 @@ def _timed_loops(dist: Any, ops: Dict[str, Any], loops: Dict[str, int], repeats:
     return samples
 
 
+def _copy_floor(tensor: Any, piece_bytes: int) -> Any:
+    """The bytes any shared-memory all-reduce of a private tensor moves at least: every rank
+    copies its tensor into a scratch the size of a staging window and back, window by window."""
+    import numpy as np
+    import torch
+
+    flat = tensor.view(-1).view(torch.uint8).numpy()  # its bytes (numpy has no bfloat16)
+    pieces = [flat[i:i + piece_bytes] for i in range(0, flat.size, piece_bytes)]
+    scratch = np.empty_like(pieces[0])
+
+    def copy_in_and_out() -> None:
+        for piece in pieces:
+            part = scratch[:piece.size]
+            np.copyto(part, piece)
+            np.copyto(piece, part)
+    return copy_in_and_out
+
+
 def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any], comm: Any) -> Dict[str, Any]:
     import torch
 
@@ -147,9 +186,13 @@ def _all_reduce_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any
                                    for name, group in groups.items()}
             if comm is not None:
                 ops["communicator"] = lambda: comm.all_reduce(tensor)
+                ops["copy_floor"] = _copy_floor(tensor, comm.max_bytes)
             if "noop" in groups:
                 ops.pop("noop")
                 ops["noop_backend"] = lambda: dist.all_reduce(tensor, group=groups["noop"])
+            if "minimal" in groups:
+                ops.pop("minimal")
+                ops[MINIMAL_BACKEND] = lambda: dist.all_reduce(tensor, group=groups["minimal"])
             cross = getattr(groups["tensorxfer"], "cross_host", None)
             if args.hosts and cross is not None:
                 # the floor: the cross-host step alone, on this rank's shard (every rank runs one)
@@ -181,7 +224,7 @@ def _ddp_cases(args: argparse.Namespace, dist: Any, groups: Dict[str, Any]) -> D
     # DDP over the no-op backend: its bucketing, copies and hooks with no communication at all, the
     # step no backend can go under on this machine.
     models = {("noop_backend" if name == "noop" else name): DistributedDataParallel(mlp(), process_group=group)
-              for name, group in groups.items()}
+              for name, group in groups.items() if name != "minimal"}
     models["no_communication"] = mlp()
     batch = torch.randn(8, DDP_LAYERS[0])
     optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-4) for name, model in models.items()}
@@ -212,8 +255,9 @@ def rank_main(args: argparse.Namespace) -> None:
     comm = None
     if not args.hosts:
         comm = Communicator(LocalGroup.from_torch(timeout=120), timeout=120)
-        _register_noop_backend()
+        _register_noop_backend(comm)
         groups["noop"] = dist.new_group(backend=NOOP_BACKEND)
+        groups["minimal"] = dist.new_group(backend=MINIMAL_NAME)
     result: Dict[str, Any] = {"all_reduce": _all_reduce_cases(args, dist, groups, comm)}
     if args.ddp:
         result["ddp"] = _ddp_cases(args, dist, groups)
@@ -278,6 +322,13 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
             continue
         target = 20.0 if nbytes <= 1 << 20 else (3.0 if nbytes >= 64 << 20 else None)
         report.compare(case, "time per all_reduce", "tensorxfer", "gloo", target)
+        if "copy_floor" in samples and "noop_backend" in samples:
+            # No shared-memory backend under torch's wrapper goes below both together.
+            floor = report.find(case, "copy_floor", "time per all_reduce").value
+            wrapper = report.find(case, "noop_backend", "time per all_reduce").value
+            gloo = report.find(case, "gloo", "time per all_reduce").value
+            report.note(f"{case}: copy floor {floor:.1f} us + torch's wrapper {wrapper:.1f} us: the best "
+                        f"reachable is {gloo / (floor + wrapper):.1f}x gloo")
         if with_communicator:
             # "within 1.2x of Communicator": Communicator time / backend time >= 1/1.2
             report.compare(case, "time per all_reduce", "tensorxfer", "communicator",
@@ -288,12 +339,14 @@ def add_all_reduce(report: Any, label: str, results: Dict[str, Any], with_commun
             paired = sorted(c / t for c, t in zip(samples["communicator"], samples["tensorxfer"]))
             report.note(f"{case}: communicator / tensorxfer per round: median {paired[len(paired) // 2]:.2f}x "
                         f"[{paired[0]:.2f}-{paired[-1]:.2f}]")
-        if with_communicator and "noop_backend" in samples:
-            # The floor: torch's dist.all_reduce around a backend that does nothing, added to Communicator's time.
+        if with_communicator and MINIMAL_BACKEND in samples:
+            # The floor: the least any Python backend over Communicator costs under torch's wrapper.
             communicator = report.find(case, "communicator", "time per all_reduce").value
-            floor = report.find(case, "noop_backend", "time per all_reduce").value
-            report.note(f"{case}: torch's own dist.all_reduce (no-op backend) {floor:.2f} us; best reachable "
-                        f"communicator / dist.all_reduce {communicator / (communicator + floor):.2f}x")
+            floor = report.find(case, MINIMAL_BACKEND, "time per all_reduce").value
+            wrapper = report.find(case, "noop_backend", "time per all_reduce").value
+            report.note(f"{case}: torch's own dist.all_reduce (no-op backend) {wrapper:.2f} us; around "
+                        f"Communicator.all_reduce ({MINIMAL_BACKEND}) {floor - communicator:.2f} us: best "
+                        f"reachable communicator / dist.all_reduce {communicator / floor:.2f}x")
 
 
 def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
