@@ -72,3 +72,23 @@ def test_shm_is_compared_with_the_floors_measured_in_the_same_run() -> None:
     buffered = floors["(b)", bench.BUFFERED, bench.FLOOR_MEMCPY]
     assert buffered.ratio == pytest.approx(50 / 60) and (buffered.target, buffered.met) == (0.8, True)
     assert len(floors) == 3
+
+
+@pytest.mark.parametrize("cma_ms,how,best", [(8.0, "a cross-memory read per tensor", 5.0 / 18.0),
+                                             (None, "two copies", 5.0 / 20.0), (30.0, "two copies", 5.0 / 20.0)])
+def test_case_a_notes_the_best_ratio_its_unavoidable_parts_leave(cma_ms, how, best) -> None:
+    bench = load_bench()
+    variants = {"tensorxfer shm (repeat)": [30.0], bench.FLOOR_MEMCPY: [5.0], bench.PART_NO_OP: [2.0],
+                bench.PART_TORCH_READS: [9.0], bench.PART_BARE_LOOP: [1.0]}
+    if cma_ms is not None:
+        variants[bench.FLOOR_CMA_PIECES] = [cma_ms]
+    report = bench.build_report(["a"], 1, {"a": variants}, {})
+    notes = [n for n in report.notes if "best reachable" in n]
+    # calls 2 + reads 9 - their loop 1 + moving the bytes: the faster of two memcpys (10) and the reads (cma)
+    assert len(notes) == 1 and how in notes[0] and f"{best:.2f}x" in notes[0] and "target 0.4x" in notes[0]
+
+
+def test_case_a_notes_nothing_without_its_parts() -> None:
+    bench = load_bench()
+    report = bench.build_report(["a"], 1, {"a": {"tensorxfer shm (repeat)": [30.0], bench.FLOOR_MEMCPY: [5.0]}}, {})
+    assert not [n for n in report.notes if "best reachable" in n]
