@@ -293,17 +293,6 @@ void bind_resharding(py::module_& module) {
       "field).");
 
   module.def(
-      "read_process_memory",
-      [](int pid, uint64_t address, const py::handle& dst, copy::CopyEngine& engine) {
-        const PyTensorView out = make_view(dst, "dst");
-        require_contiguous_host(out.view, "dst");
-        require_writable(out.view, "dst");
-        py::gil_scoped_release release;
-        copy::read_process_memory(engine, pid, address, static_cast<std::byte*>(out.view.data), out.view.nbytes());
-      },
-      py::arg("pid"), py::arg("address"), py::arg("dst"), py::arg("engine"),
-      "Copies dst.nbytes bytes at `address` in process `pid` into dst (process_vm_readv, parallel chunks).");
-  module.def(
       "read_process_spans",
       [](int pid, const U64Array& spans, copy::CopyEngine& engine) {
         TENSORXFER_CHECK(InvalidArgument, spans.ndim() == 2 && spans.shape(1) == 3,
