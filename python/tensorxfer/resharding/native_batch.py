@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Any, Callable, Dict, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,8 +43,9 @@ def task_rows(requests: Sequence[Any], side: str, locate: Callable[[Any, str, bo
     return rows
 
 
-_U32 = 1 << 32
-_U64 = 1 << 64
+#: Exclusive upper bounds of the native fields.
+U32 = 1 << 32
+U64 = 1 << 64
 
 
 def field_int(value: Any, name: str, where: str, high: int) -> int:
@@ -62,25 +64,37 @@ def native_batch(batch: ScheduledBatch, where: str = "batch") -> tuple:
         raise ValueError(f"{where}: expected a ScheduledBatch or None, got {type(batch).__name__}")
     src = field_int(batch.src_pe, "src_pe", where, 1 << 31)
     dest = field_int(batch.dest_pe, "dest_pe", where, 1 << 31)
-    index = field_int(batch.batch_index, "batch_index", where, _U32)
-    iteration = field_int(batch.iteration, "iteration", where, _U32)
-    total = field_int(batch.total_size, "total_size", where, _U64)
+    index = field_int(batch.batch_index, "batch_index", where, U32)
+    iteration = field_int(batch.iteration, "iteration", where, U32)
+    total = field_int(batch.total_size, "total_size", where, U64)
     rows = []
     for k, task in enumerate(batch.tasks):
         if not isinstance(task, BatchTask):
             raise ValueError(f"{where}: tasks[{k}] must be a BatchTask, got {type(task).__name__}")
-        rows.append(tuple(field_int(getattr(task, name), f"tasks[{k}].{name}", where, _U64)
+        rows.append(tuple(field_int(getattr(task, name), f"tasks[{k}].{name}", where, U64)
                           for name in ("task_id", "task_offset", "size", "slot_offset")))
     segments = np.array(rows, np.uint64).reshape(-1, 4)
     return (src, dest, index, iteration, total, segments)
+
+
+@dataclass
+class _Converted:
+    """One batch's conversion, with what it was converted from. Holding the batch and its
+    tasks keeps their ids from being reused by other objects."""
+
+    batch: ScheduledBatch
+    fields: Tuple[Any, ...]  # _fields(batch) then
+    tasks: tuple  # batch.tasks then
+    native: tuple  # native_batch(batch)
+    digest: Optional[str] = None  # made on first use
 
 
 class NativeBatches:
     """The native form and digest of each batch seen since :meth:`start` and in the run before."""
 
     def __init__(self) -> None:
-        self._previous: Dict[int, list] = {}
-        self._current: Dict[int, list] = {}
+        self._previous: Dict[int, _Converted] = {}
+        self._current: Dict[int, _Converted] = {}
 
     def start(self) -> None:
         """A new plan begins: batches of the last one stay reusable, older ones are dropped."""
@@ -88,27 +102,26 @@ class NativeBatches:
 
     def native(self, batch: ScheduledBatch, where: str = "batch") -> tuple:
         """native_batch(batch, where), reused while the batch is unchanged."""
-        return self._entry(batch, where)[3]
+        return self._entry(batch, where).native
 
     def digest(self, batch: ScheduledBatch) -> str:
         """A digest of the native form (what the sender and receiver of a batch compare)."""
         entry = self._entry(batch, "batch")
-        if entry[4] is None:
-            native = entry[3]
-            entry[4] = hashlib.blake2b(repr(native[:5]).encode() + native[5].tobytes(), digest_size=12).hexdigest()
-        return entry[4]
+        if entry.digest is None:
+            native = entry.native
+            entry.digest = hashlib.blake2b(repr(native[:5]).encode() + native[5].tobytes(), digest_size=12).hexdigest()
+        return entry.digest
 
-    def _entry(self, batch: ScheduledBatch, where: str) -> list:
+    def _entry(self, batch: ScheduledBatch, where: str) -> _Converted:
         key = id(batch)
         fields = _fields(batch)
         for table in (self._current, self._previous):
             entry = table.get(key)
-            if entry is not None and entry[0] is batch and entry[1] == fields and _same_objects(batch, entry[2]):
+            if (entry is not None and entry.batch is batch and entry.fields == fields
+                    and _same_objects(batch, entry.tasks)):
                 self._current[key] = entry
                 return entry
-        native = native_batch(batch, where)
-        # Holding the batch and its tasks keeps their ids from being reused by other objects.
-        entry = [batch, fields, tuple(batch.tasks), native, None]
+        entry = _Converted(batch, fields, tuple(batch.tasks), native_batch(batch, where))
         self._current[key] = entry
         return entry
 

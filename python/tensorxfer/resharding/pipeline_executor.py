@@ -30,7 +30,7 @@ from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
-from tensorxfer.resharding.native_batch import _U32, NativeBatches, field_int, task_rows
+from tensorxfer.resharding.native_batch import U32, NativeBatches, field_int, task_rows
 from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, cuda_tensor_locator, device_bytes
 from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest
 from tensorxfer.runtime.cuda_collectives import cuda_device_index, cuda_torch
@@ -317,7 +317,7 @@ class PipelineExecutor:
     def _launch(self, iteration: int, batch: ScheduledBatch, packing: bool) -> None:
         self.buffer_manager._ensure_open()
         where = "_launch_pack" if packing else "_launch_unpack"
-        index, native = field_int(iteration, "iteration", where, _U32), self._batches.native(batch, where)
+        index, native = field_int(iteration, "iteration", where, U32), self._batches.native(batch, where)
         if self._cuda is not None:
             columns = self._task_columns()[0:3] if packing else self._task_columns()[3:6]
             _core.check_pipeline_batch(native, packing, *columns, **self._bounds())
