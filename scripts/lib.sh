@@ -9,7 +9,7 @@ DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev
                  libgtest-dev libbenchmark-dev)
 TORCH_VERSION=2.13.0
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+log() { printf '\033[1m==> [%4d s] %s\033[0m\n' "$SECONDS" "$*" >&2; }
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
@@ -60,4 +60,53 @@ install_package() {
   local venv=$1 extras=$2
   log "pip install .[$extras] (builds the C++ core and the extension)"
   (cd "$TOP" && "$venv/bin/python" -m pip install -q ".[$extras]")
+}
+
+# dependency_digest EXTRAS: a digest of what a virtual environment for EXTRAS is made of --
+# the Python version, torch's version, pyproject.toml's build requirements, dependencies
+# and optional dependencies (not the rest of the file: a linter setting changes nothing).
+dependency_digest() {
+  python3 - "$TOP/pyproject.toml" "$1" "$TORCH_VERSION" <<'PY'
+import hashlib, json, sys
+path, extras, torch_version = sys.argv[1:]
+try:
+    import tomllib
+    with open(path, "rb") as file:
+        project = tomllib.load(file)
+    spec = [project["build-system"], project["project"].get("dependencies"),
+            project["project"].get("optional-dependencies")]
+except ImportError:  # Python < 3.11: the whole file stands for the spec
+    spec = open(path).read()
+text = json.dumps([sys.version_info[:2], extras, torch_version, spec], sort_keys=True)
+print(hashlib.sha256(text.encode()).hexdigest())
+PY
+}
+
+# reuse_or_make_venv VENV EXTRAS FRESH: keeps VENV while dependency_digest is unchanged and
+# FRESH is 0; otherwise deletes it and installs torch, EXTRAS and the build requirements anew.
+# Then installs this checkout into it: in a new environment as a user does (`pip install
+# .[EXTRAS]`, build isolation on); in a kept one without build isolation or dependency
+# resolution, so the build directory (build/<wheel tag>) is reused and only what changed
+# is recompiled.
+reuse_or_make_venv() {
+  local venv=$1 extras=$2 fresh=$3
+  local stamp=$venv/.tensorxfer-dependencies digest
+  digest=$(dependency_digest "$extras")
+  if [ "$fresh" = 1 ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || [ ! -x "$venv/bin/python" ]; then
+    log "new virtual environment $venv ($([ "$fresh" = 1 ] && echo "--fresh" || echo "the dependency spec changed or there was none"))"
+    rm -rf "$venv"
+    make_venv "$venv"
+    install_package "$venv" "$extras"
+    # The build requirements, for the incremental installs of later runs.
+    "$venv/bin/python" - "$TOP/pyproject.toml" <<'PY' | xargs -d '\n' "$venv/bin/python" -m pip install -q
+import re, sys
+text = open(sys.argv[1]).read()
+requires = re.search(r'^requires = \[(.*?)\]', text, re.M | re.S).group(1)
+print("\n".join(re.findall(r'"([^"]+)"', requires)))
+PY
+    echo "$digest" > "$stamp"
+  else
+    log "keeping virtual environment $venv (dependencies unchanged); incremental install of the package"
+    (cd "$TOP" && "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation .)
+  fi
 }

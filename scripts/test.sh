@@ -1,43 +1,71 @@
 #!/usr/bin/env bash
-# Every test: GoogleTest (ctest) and pytest against the package installed into a
-# fresh virtual environment. Installs what is missing first.
-#   scripts/test.sh [extra pytest arguments]
+# The tests: GoogleTest (ctest), the type stub, mypy, ruff, and pytest against the package
+# installed into a virtual environment. Installs what is missing first.
+#   scripts/test.sh [--tier fast|full|stress|all] [--fresh] [extra pytest arguments]
+# --tier   which tests (tests/python/conftest.py; default fast, a few minutes warm):
+#            fast    every in-process test and one 2-rank case per subsystem
+#            full    everything but the stress cases (CI)
+#            stress  10k-iteration and large-world cases, simulated hosts, benchmark smoke
+#                    tests (before a release; Python only)
+#            all     full and stress
+# --fresh  a new virtual environment and clean build directories, as on a new machine (CI
+#          passes it): otherwise the environment is kept while the dependency spec and the
+#          torch version are unchanged, and the builds are incremental.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+tier=${TENSORXFER_TEST_TIER:-fast} fresh=0
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --tier) tier=$2; shift 2 ;;
+    --tier=*) tier=${1#--tier=}; shift ;;
+    --fresh) fresh=1; shift ;;
+    *) pytest_args+=("$1"); shift ;;
+  esac
+done
+case $tier in fast|full|stress|all) ;; *) echo "usage: $0 [--tier fast|full|stress|all] [--fresh] [pytest args]" >&2; exit 2 ;; esac
 
 BUILD=$TOP/build
 VENV=$BUILD/test-venv
 mkdir -p "$BUILD"
 install_debian_packages
+if [ "$fresh" = 1 ]; then
+  log "--fresh: removing $BUILD/cpp-tests and the package's build directory"
+  rm -rf "$BUILD/cpp-tests" "$BUILD"/cp3*
+fi
+reuse_or_make_venv "$VENV" "torch,test" "$fresh"
 
-log "fresh virtual environment $VENV"
-rm -rf "$VENV"
-make_venv "$VENV"
-install_package "$VENV" "torch,test"
+if [ "$tier" != stress ]; then  # the C++ suite takes seconds: all of it in every other tier
+  log "C++ tests (GoogleTest via ctest)"
+  # With the project's own DLPack declaration whatever the system has, as a machine without
+  # libdlpack-dev builds it; DlpackAbiTest compares it with the system header when there is one.
+  # The C++ benchmarks are not built here: -DTENSORXFER_BUILD_BENCH=ON builds them on request.
+  cmake -S "$TOP" -B "$BUILD/cpp-tests" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=OFF -DTENSORXFER_BUILD_PYTHON=OFF \
+    -DTENSORXFER_USE_SYSTEM_DLPACK=OFF >/dev/null
+  cmake --build "$BUILD/cpp-tests" -j2
+  # Two at a time; the tests labelled shm-sweep run alone (RUN_SERIAL, see CMakeLists.txt).
+  (cd "$BUILD/cpp-tests" && ctest -j2 --output-on-failure --timeout 300)
+fi
 
-log "C++ tests (GoogleTest via ctest)"
-# With the project's own DLPack declaration whatever the system has, as a machine without
-# libdlpack-dev builds it; DlpackAbiTest compares it with the system header when there is one.
-cmake -S "$TOP" -B "$BUILD/cpp-tests" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=ON -DTENSORXFER_BUILD_PYTHON=OFF \
-  -DTENSORXFER_USE_SYSTEM_DLPACK=OFF >/dev/null
-cmake --build "$BUILD/cpp-tests" -j2
-# Serially: segment tests leave dead creators' segments on purpose, and a concurrent
-# test's ShmSegment::create sweeps such segments away (correctly) under them.
-(cd "$BUILD/cpp-tests" && ctest --output-on-failure --timeout 300)
-
-log "Python tests (pytest on the installed package)"
-# Run from the checkout with the sources off sys.path: `tensorxfer` must come from the venv.
 cd "$TOP"
+if [ "$tier" != stress ]; then
+  log "lint (ruff), type stub and annotations (pybind11-stubgen, mypy)"
+  "$VENV/bin/python" -m ruff check
+  PYTHON="$VENV/bin/python" bash "$TOP/scripts/gen_stubs.sh" --installed --check
+  # Against the installed package (py.typed and _core.pyi), then the sources and the examples
+  # ([tool.mypy] in pyproject.toml); the cache is kept beside the environment.
+  "$VENV/bin/python" -m mypy --cache-dir "$BUILD/mypy-cache" examples
+  "$VENV/bin/python" -m mypy --cache-dir "$BUILD/mypy-cache"
+fi
+
+log "Python tests (pytest on the installed package, tier $tier)"
+# Run from the checkout with the sources off sys.path: `tensorxfer` must come from the venv.
 "$VENV/bin/python" - <<'PY'
 import os, sys, tensorxfer
 where = os.path.dirname(tensorxfer.__file__)
 assert "site-packages" in where, f"tensorxfer imported from {where}, not the installed package"
 print(f"testing tensorxfer {tensorxfer.__version__} installed at {where}", file=sys.stderr)
 PY
-
-log "type stub and annotations (pybind11-stubgen, mypy)"
-PYTHON="$VENV/bin/python" bash "$TOP/scripts/gen_stubs.sh" --installed --check
-"$VENV/bin/python" -m mypy examples   # against the installed package: py.typed and _core.pyi
-"$VENV/bin/python" -m mypy            # the package sources and the examples ([tool.mypy] in pyproject.toml)
-exec "$VENV/bin/python" -m pytest tests/python -p no:cacheprovider "$@"
+exec "$VENV/bin/python" -m pytest tests/python -p no:cacheprovider --tier "$tier" "${pytest_args[@]}"

@@ -226,7 +226,7 @@ def mpi_rank_main(args: argparse.Namespace) -> None:
     from tensorxfer.runtime import Communicator, LocalGroup
 
     world_comm = MPI.COMM_WORLD
-    rank, world = world_comm.Get_rank(), world_comm.Get_size()
+    rank = world_comm.Get_rank()
     comm = Communicator(LocalGroup.from_mpi(world_comm))
     results: dict[str, dict[str, list[float]]] = {}
     for nbytes in (parse_size(s) for s in args.sizes):
@@ -336,7 +336,7 @@ def build_report(results: dict[tuple[int, str], dict], args: argparse.Namespace,
     for line in notes:
         report.note(line)
     spreads: list[tuple[str, ...]] = [("case", "variant", "median us", "min-max us", "GB/s")]
-    for (world, launch), per_case in results.items():
+    for (world, _launch), per_case in results.items():
         for key, per_variant in per_case.items():
             dtype, nbytes = key.split("/")[0], int(key.split("/")[1])
             case = f"{world} ranks, {dtype}, {size_name(nbytes)}"

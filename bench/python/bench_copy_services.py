@@ -173,14 +173,14 @@ def shm_parts(group: Any, sends: List[Any], recvs: List[Any], rank: int, peer: i
                 service.submit_recv(tensor, peer, peer * 1_000_000 + i)
 
     def no_op_calls() -> None:
-        for i, tensor in enumerate(sends):
+        for _i, tensor in enumerate(sends):
             isinstance(tensor, int)
-        for i, tensor in enumerate(recvs):
+        for _i, tensor in enumerate(recvs):
             isinstance(tensor, int)
 
     def bare_loop() -> None:
         for tensors in (sends, recvs):
-            for tensor in tensors:
+            for _tensor in tensors:
                 pass
 
     def torch_reads() -> None:
@@ -302,7 +302,8 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
             if extra is not None:
                 extra.close()
         results[case] = samples
-        del sends, recvs
+        sends.clear()  # the case's memory, before the next case allocates
+        recvs.clear()
     if group is not None:
         group.close()
     if rank == 0:
@@ -361,7 +362,8 @@ def torch_worker(rank: int, world_size: int, init: str, cases: List[str], repeat
                 samples.setdefault(name, []).append(timed_step(dist.barrier, slowest, step))
         service.close()
         results[case] = samples
-        del sends, recvs
+        sends.clear()  # the case's memory, before the next case allocates
+        recvs.clear()
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()

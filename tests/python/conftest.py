@@ -1,4 +1,20 @@
-"""Shared fixtures: every test must leave /dev/shm as it found it.
+"""Shared fixtures: every test must leave /dev/shm as it found it. And the test tiers.
+
+Tiers (``--tier``, or ``TENSORXFER_TEST_TIER``; the default is ``fast``):
+
+- ``fast``: every in-process test, plus the multi-process cases marked ``fast`` (one
+  2-rank case per subsystem). The README's test command, a few minutes.
+- ``full``: everything that is not ``stress``. CI runs it on every submission.
+- ``stress``: the cases marked ``stress`` (10k iterations, large worlds, simulated
+  hosts, the benchmark smoke tests). Run before a release: ``scripts/test.sh --tier stress``.
+- ``all``: ``full`` and ``stress`` together.
+
+A test's tier comes from its markers alone (``tier_of``): ``stress`` wins; a test
+without ``multiprocess`` is in-process and so ``fast``; a ``multiprocess`` test is
+``full`` unless it is also marked ``fast``. Markers that contradict each other are a
+collection error, and a test that starts rank processes (``multiprocessing``,
+``mpirun``, ``torchrun``) without the ``multiprocess`` marker fails: it would
+otherwise be counted in-process and slip into the fast tier.
 
 Also: the Ctrl-C tests need SIGINT to reach Python. A shell starts background
 jobs (``cmd &`` without job control, ``nohup``) with SIGINT ignored, Python
@@ -11,12 +27,87 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from multiprocessing.process import BaseProcess
 
 import pytest
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+TIERS = ("fast", "full", "stress", "all")
+TIER_CONTENTS = {"fast": {"fast"}, "full": {"fast", "full"}, "stress": {"stress"}, "all": {"fast", "full", "stress"}}
+RANK_LAUNCHERS = {"mpirun", "mpiexec", "torchrun"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, default=os.environ.get("TENSORXFER_TEST_TIER", "fast"),
+                     help="which tests to run: fast (default), full (all but stress), stress, all "
+                          "(see tests/python/conftest.py)")
+
+
+def tier_of(item) -> str:
+    """The one tier a test belongs to, from its markers; contradicting markers raise UsageError."""
+    stress = item.get_closest_marker("stress") is not None
+    fast = item.get_closest_marker("fast") is not None
+    multiprocess = item.get_closest_marker("multiprocess") is not None
+    if stress and fast:
+        raise pytest.UsageError(f"{item.nodeid}: marked both fast and stress; a test belongs to one tier")
+    if stress:
+        return "stress"
+    if not multiprocess:
+        if fast:
+            raise pytest.UsageError(f"{item.nodeid}: marked fast but not multiprocess; in-process tests are "
+                                    "fast already (the marker picks multi-process cases for the fast tier)")
+        return "fast"
+    return "fast" if fast else "full"
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = TIER_CONTENTS[config.getoption("--tier")]
+    selected, deselected = [], []
+    for item in items:
+        (selected if tier_of(item) in wanted else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+def pytest_report_header(config):
+    return f"tensorxfer test tier: {config.getoption('--tier')} (scripts/test.sh --tier fast|full|stress|all)"
+
+
+def _launches_ranks(args) -> bool:
+    argv = [args] if isinstance(args, (str, bytes)) else list(args)
+    return bool(argv) and os.path.basename(str(argv[0]).split()[0]) in RANK_LAUNCHERS
+
+
+@pytest.fixture(autouse=True)
+def rank_processes_need_the_multiprocess_marker(request, monkeypatch):
+    """Fails an unmarked test that starts rank processes: its tier would be wrong."""
+    if request.node.get_closest_marker("multiprocess") is not None:
+        yield
+        return
+    nodeid = request.node.nodeid
+    popen_init = subprocess.Popen.__init__
+
+    def refuse(what: str):
+        pytest.fail(f"{nodeid} starts {what} but is not marked multiprocess: mark it "
+                    "(pytest.mark.multiprocess) so that its tier is right", pytrace=False)
+
+    def guarded_start(process, *args, **kwargs):
+        refuse(f"a multiprocessing process ({process.name})")
+
+    def guarded_popen_init(popen, args, *rest, **kwargs):
+        if _launches_ranks(args):
+            refuse(f"ranks ({args if isinstance(args, str) else ' '.join(map(str, args))})")
+        popen_init(popen, args, *rest, **kwargs)
+
+    monkeypatch.setattr(BaseProcess, "start", guarded_start)
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen_init)
+    yield
+
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "tensorxfer-"

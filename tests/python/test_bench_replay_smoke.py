@@ -48,7 +48,7 @@ def test_time_interleaved_rotates_order():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
+@pytest.mark.stress
 def test_bench_quick_writes_table_json_and_png(tmp_path):
     script = REPO / "bench" / "python" / "bench_replay.py"
     command = [sys.executable, str(script)] if script.exists() else [sys.executable, "-m", "tensorxfer", "bench"]

@@ -35,6 +35,7 @@ def small_options(**overrides):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.fast
 def test_demo_cli_runs_and_verifies_every_batch():
     result = run_cli("--seconds", "3", "--json", *SMALL)
     assert result.returncode == 0, result.stderr

@@ -26,7 +26,14 @@ def test_readme_has_an_example_per_capability():
     assert len(titles) >= 4, titles
 
 
-@pytest.mark.parametrize("title,code", python_blocks(), ids=[t for t, _ in python_blocks()])
+def example_params() -> list:
+    """One param per block; a block that starts processes is marked multiprocess (its tier)."""
+    return [pytest.param(title, code, id=title,
+                         marks=[pytest.mark.multiprocess] if "multiprocessing" in code else [])
+            for title, code in python_blocks()]
+
+
+@pytest.mark.parametrize("title,code", example_params())
 def test_readme_example_runs(title, code, tmp_path):
     # Each block runs as a user runs it: saved as a script and run as __main__.
     # runpy makes the script sys.modules["__main__"] while it runs, so the

@@ -128,7 +128,7 @@ def test_bad_options_exit_2_naming_the_option(args, flag):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("backend", ["local", "torch", "mpi", "shm"])
+@pytest.mark.parametrize("backend", ["local", "torch", "mpi", pytest.param("shm", marks=pytest.mark.fast)])
 def test_each_available_backend_moves_and_verifies_every_byte(backend):
     need(backend)
     result = run_cli("--backends", backend, *SMALL, "--json", "--seed", "3")

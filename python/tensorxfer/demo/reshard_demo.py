@@ -235,7 +235,7 @@ def run_demo(options: ReshardOptions, on_event: Optional[Callable[[Dict[str, Any
         if progress is not None:
             progress.begin(backend)
 
-        def forward(event: Dict[str, Any]) -> None:
+        def forward(event: Dict[str, Any], backend: str = backend) -> None:
             if progress is not None:
                 progress(event)
             if on_event is not None:

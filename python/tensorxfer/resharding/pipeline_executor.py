@@ -32,7 +32,7 @@ from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.native_batch import U32, NativeBatches, field_int, task_rows
 from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, cuda_tensor_locator, device_bytes
-from tensorxfer.resharding.schedule import BatchTask, ReceiveRequest, ScheduledBatch, SendRequest
+from tensorxfer.resharding.schedule import ReceiveRequest, ScheduledBatch, SendRequest
 from tensorxfer.runtime.cuda_collectives import cuda_device_index, cuda_torch
 from tensorxfer.runtime.group import LocalGroup
 from tensorxfer.runtime.ipc_memory import IpcMemory, create_and_map

@@ -26,7 +26,7 @@ and :meth:`check` once the stream has caught up, raise it (``ValueError`` or
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // The Communicator under the mistakes users make (issue 13): tensors over the
 // staging windows, reduce_scatter with more ranks than a chunk holds elements,
 // a second call or close() while a collective runs, a peer that arrived and

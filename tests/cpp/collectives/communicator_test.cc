@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // The collectives with threads as ranks: every dtype and op against a
 // reference that reduces in rank order, chunking, both algorithms, the
 // zero-copy buffer, bitwise equality across ranks, mismatches and timeouts.

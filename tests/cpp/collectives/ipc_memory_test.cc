@@ -1,3 +1,4 @@
+// ctest-labels: concurrent shm-sweep
 #include "tensorxfer/collectives/ipc_memory.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // current_process_id(): getpid() without a system call per ask, and the
 // child's own id after fork() (the cached one is forgotten there).
 #include "tensorxfer/common/process_id.h"

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/copy/copy_engine.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/copy/pack.h"
 
 #include <gtest/gtest.h>

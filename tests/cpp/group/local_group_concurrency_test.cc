@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // LocalGroup under misuse from threads and peers (issue 13): close() while
 // another thread waits, a second collective from another thread, a rank that
 // gives up, a peer announcing more bytes than the caller allows.

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent shm-sweep
 // LocalGroup across real processes: a SIGKILLed rank is reported to every
 // survivor within its timeout, a dead job's segment is replaced, another
 // user's segment is refused, and /dev/shm is left clean.

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // LocalGroup with threads as ranks: rendezvous, barrier epochs, all_gather of
 // every size class, timeouts, refusals. (Processes: local_group_process_test.cc.)
 #include "tensorxfer/group/local_group.h"

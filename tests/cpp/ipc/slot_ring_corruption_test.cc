@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // Randomized corruption of segment and ring headers, state words and sizes:
 // attach and every ring operation must either work or throw a tensorxfer
 // error (CorruptSegment for what fails validation), never crash or touch

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // Producer entries are reused (a pool that re-attaches every epoch never runs
 // out), a producer killed while attaching frees its entry, and abandon().
 #include <signal.h>

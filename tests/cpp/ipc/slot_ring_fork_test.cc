@@ -1,3 +1,4 @@
+// ctest-labels: concurrent shm-sweep
 // Close paths are fork-safe: a child forked while another thread of the parent
 // waits on the ring (and may hold the object's mutex) can close it and exit.
 #include <signal.h>

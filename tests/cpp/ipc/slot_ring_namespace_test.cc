@@ -1,3 +1,4 @@
+// ctest-labels: concurrent shm-sweep
 // Producers and consumer in different PID namespaces (containers sharing
 // /dev/shm but not PIDs) see each other alive, and a killed one is still lost.
 #include <signal.h>

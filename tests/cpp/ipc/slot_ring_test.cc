@@ -1,3 +1,4 @@
+// ctest-labels: concurrent shm-sweep
 #include "tensorxfer/ipc/slot_ring.h"
 
 #include <signal.h>

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // SlotRing waits run their WaitHook (the Python bindings' Ctrl-C check) while
 // they wait, also without a timeout; what the hook throws ends the wait with
 // nothing taken from the ring, which stays usable.

@@ -1,3 +1,4 @@
+// ctest-labels: shm-sweep
 #include "tensorxfer/memory/shm_segment.h"
 
 #include <fcntl.h>

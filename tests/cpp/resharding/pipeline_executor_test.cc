@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // The pipeline executor with threads as ranks over in-process double buffers.
 // Under TSan a slot rewritten before its reader finished is a reported race;
 // without it the byte-exact checks after many delayed iterations catch it.

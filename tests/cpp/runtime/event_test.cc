@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/runtime/event.h"
 
 #include <gtest/gtest.h>

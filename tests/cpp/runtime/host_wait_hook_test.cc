@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // HostStream and HostEvent waits run their WaitHook (the Python bindings'
 // Ctrl-C check) every kWatchSlice, also without a timeout, never while holding
 // a lock the hook's own calls need; what it throws ends the wait and leaves the

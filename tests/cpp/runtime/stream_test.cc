@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/runtime/stream.h"
 
 #include <gtest/gtest.h>

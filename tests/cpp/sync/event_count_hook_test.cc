@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // EventCount::await runs its watch (and so a WaitHook such as the Python
 // Ctrl-C check) during long spins and at once after a signal, not only every
 // kWatchSlice of sleep.

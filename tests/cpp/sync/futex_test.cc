@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/sync/futex.h"
 
 #include <sys/mman.h>

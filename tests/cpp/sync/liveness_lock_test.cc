@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 #include "tensorxfer/sync/liveness_lock.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// ctest-labels: concurrent
 // The one wait policy: spin milliseconds while the waiting processes fit the
 // CPUs, yield briefly then sleep when they outnumber them; fixed budgets validated.
 #include "tensorxfer/sync/spin_policy.h"

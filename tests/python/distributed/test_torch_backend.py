@@ -13,7 +13,6 @@ import pytest
 from conftest import torch_or_skip
 
 torch = torch_or_skip()
-import torch.distributed as dist  # noqa: E402
 
 import torch_backend_workers as workers  # noqa: E402
 
@@ -132,9 +131,8 @@ def test_every_op_matches_gloo(world, tmp_path):
     _ops_match_gloo(world, tmp_path)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [3, pytest.param(4, marks=pytest.mark.stress)])
 def test_every_op_matches_gloo_more_ranks(world, tmp_path):
     _ops_match_gloo(world, tmp_path)
 
@@ -161,7 +159,7 @@ def test_avg_is_sum_over_world_size(tmp_path):
             torch.testing.assert_close(avgs[rank][key], total / 2)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [2, 3])
 def test_results_bitwise_identical_on_every_rank(world, tmp_path):
     results = workers.launch("random_sum", world, "tensorxfer", _out(tmp_path, "tx"))
     for rank in range(1, world):
@@ -170,6 +168,7 @@ def test_results_bitwise_identical_on_every_rank(world, tmp_path):
         _assert_same(workers.launch("random_sum", 2, "gloo", _out(tmp_path, "gloo"))[0], results[0], "gloo")
 
 
+@pytest.mark.fast
 def test_ddp_20_steps_bitwise_equal_to_gloo(tmp_path):
     reference = workers.launch("ddp", 2, "gloo", _out(tmp_path, "gloo"))
     results = workers.launch("ddp", 2, "tensorxfer", _out(tmp_path, "tx"))

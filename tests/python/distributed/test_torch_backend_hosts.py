@@ -55,7 +55,7 @@ def _check_against_gloo(reference, results, expected_hosts, transport="gloo"):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [[2, 2], [1, 3]], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
 def test_hierarchical_collectives_match_flat_gloo(sizes, tmp_path):
     """Every accelerated op, composed across hosts, gives gloo's results; every host's /dev/shm ends empty."""
     world = sum(sizes)
@@ -69,7 +69,7 @@ def test_hierarchical_collectives_match_flat_gloo(sizes, tmp_path):
     _check_against_gloo(reference, results, expected_hosts)
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 @pytest.mark.timeout(300)
 def test_hosts_whose_ranks_interleave(tmp_path):
     """Ranks 0 and 2 on one host, 1 and 3 on the other: results still in global rank order."""
@@ -94,7 +94,7 @@ def _mpi_unavailable():
 
 @pytest.mark.skipif(_mpi_unavailable() is not None, reason=str(_mpi_unavailable()))
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.slow)], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [pytest.param([2, 2], marks=pytest.mark.stress), pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
 def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
     """Ranks started by mpirun (MPI over TCP) in simulated hosts: the cross-host step goes through MPI
     (the groups' transport and call counts say so), and every op still gives flat gloo's results."""
@@ -112,7 +112,7 @@ def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["non-leader", "leader"])
+@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.stress)], ids=["non-leader", "leader"])
 def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, tmp_path):
     """2 hosts x 2 ranks, one rank SIGKILLed in the middle: the survivors on both hosts raise naming it
     within the process group's timeout, and neither host's /dev/shm keeps a segment."""

@@ -13,6 +13,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "python" / "bench_unified_memory.py"
 
 
+@pytest.mark.stress
 def test_small_run_prints_ratios_and_writes_json(tmp_path):
     out = tmp_path / "nested" / "um.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import signal
 import threading
 import time
 

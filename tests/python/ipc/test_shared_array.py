@@ -89,9 +89,9 @@ def test_close_is_idempotent_and_use_after_close_fails():
     store.close()
     assert not shm_exists(store.name)
     with pytest.raises(ValueError, match="closed"):
-        store.array
+        _ = store.array
     with pytest.raises(ValueError, match="closed"):
-        store.handle
+        _ = store.handle
     view[0] = 3  # the mapping outlives close while a view holds it: no crash
     with pytest.raises(TypeError, match="handle"):
         pickle.dumps(SharedArray.create((1,), "uint8"))

@@ -101,6 +101,7 @@ class Children:
 # ---- tests -----------------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("method", START_METHODS)
 def test_several_producers_no_loss_no_duplicates_in_order(method):
     producers, per_producer = 3, 60

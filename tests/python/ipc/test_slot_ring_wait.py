@@ -93,7 +93,7 @@ def test_wait_stats_of_a_closed_ring_raise():
     ring = SlotRing.create(depth=2, slot_nbytes=8)
     ring.close()
     with pytest.raises(ValueError, match="closed"):
-        ring.wait_stats
+        _ = ring.wait_stats
 
 
 @pytest.mark.multiprocess

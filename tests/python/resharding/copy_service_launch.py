@@ -115,7 +115,7 @@ def run_ranks(target, world: int, *args, deadline: float = 90.0) -> dict:
             rank, value = results.get(timeout=deadline)
             got[rank] = value
     except queue_module.Empty:
-        raise AssertionError(f"ranks did not report within {deadline} s: got {got}")
+        raise AssertionError(f"ranks did not report within {deadline} s: got {got}") from None
     finally:
         for process in processes:
             process.join(timeout=30)

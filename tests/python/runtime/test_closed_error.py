@@ -4,9 +4,8 @@ TensorxferError; and one timeout parser, ``tensorxfer.errors.check_timeout``."""
 
 from __future__ import annotations
 
-import threading
 import uuid
-from typing import Any, Callable, List
+from typing import List
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 
-import tensorxfer
 from tensorxfer.runtime import Communicator
 
 import collectives_workers as workers
@@ -24,7 +23,8 @@ MAX_BYTES = 4096  # small: the larger counts below take several chunks
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.fast), 3, pytest.param(4, marks=pytest.mark.stress),
+                                   pytest.param(8, marks=pytest.mark.stress)])
 def test_all_reduce_every_dtype_and_op_matches_references_bitwise_on_every_rank(world, tmp_path):
     counts = [1, 7, 1023, 3 * MAX_BYTES // 4 + 5] if world <= 4 else [1, 1023, 2 * MAX_BYTES + 3]
     algorithms = ["one_shot", "two_shot", "auto"] if world <= 4 else ["one_shot", "two_shot"]
@@ -53,7 +53,7 @@ def test_back_to_back_all_reduces_with_jitter(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
+@pytest.mark.stress
 def test_ten_thousand_all_reduces_with_jitter(tmp_path):
     digests = run_spawned(4, workers.stress, (10_000, MAX_BYTES, 2), str(tmp_path), timeout=600)
     assert len(set(digests)) == 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from typing import Any, Callable, List
@@ -20,7 +19,7 @@ import pytest
 
 from child_process import child_environment, run_child, run_thread_ranks
 
-from tensorxfer.errors import ClosedError, PeerLostError, TensorxferError
+from tensorxfer.errors import TensorxferError
 from tensorxfer.runtime import Communicator, LocalGroup
 from tensorxfer.runtime.collectives import default_max_bytes
 

@@ -169,7 +169,8 @@ def wait_until(condition, timeout: float = 30.0) -> None:
 # ---- tests -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.fast), 3, pytest.param(4, marks=pytest.mark.stress),
+                                        pytest.param(8, marks=pytest.mark.stress)])
 def test_spawned_ranks_join_barrier_and_gather(world_size):
     name = unique_name(f"spawn{world_size}")
     calls = 5
@@ -188,7 +189,7 @@ def test_spawned_ranks_join_barrier_and_gather(world_size):
     assert reports == {rank: True for rank in range(1, world_size)}
 
 
-@pytest.mark.parametrize("iterations", [300, pytest.param(10_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("iterations", [300, pytest.param(10_000, marks=pytest.mark.stress)])
 def test_back_to_back_collectives_with_random_delays(iterations):
     world_size = 4
     handle = tensorxfer.runtime.GroupHandle(unique_name("jitter"), world_size)

@@ -13,7 +13,7 @@ and the tensors themselves (described anew by the caller).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 

@@ -15,7 +15,6 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from tensorxfer import _core
 from tensorxfer.errors import ClosedError, check_timeout
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
 
