@@ -5,8 +5,9 @@ TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # libdlpack-dev is optional for the package (it declares the DLPack ABI itself); the tests
 # use it: DlpackAbiTest compares the two DLPack declarations. NUMA needs no package: the
 # core makes the kernel's NUMA system calls itself.
+# ccache: every build of these scripts goes through it (see use_compiler_cache).
 DEBIAN_PACKAGES=(cmake ninja-build g++ python3-dev python3-venv libdlpack-dev
-                 libgtest-dev libbenchmark-dev)
+                 libgtest-dev libbenchmark-dev ccache)
 TORCH_VERSION=2.13.0
 
 log() { printf '\033[1m==> [%4d s] %s\033[0m\n' "$SECONDS" "$*" >&2; }
@@ -37,6 +38,17 @@ install_debian_packages() {
     log "installing Debian packages: ${wanted[*]}"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null
+  fi
+  use_compiler_cache
+}
+
+# Every CMake build started from here, pip's included (CMake takes the launcher from the
+# environment), compiles through ccache when it is installed. Paths under the checkout are
+# hashed relative to it and the working directory not at all, so a clone in another folder
+# (CI's) reuses what this one compiled.
+use_compiler_cache() {
+  if command -v ccache >/dev/null; then
+    export CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$TOP CCACHE_NOHASHDIR=1
   fi
 }
 

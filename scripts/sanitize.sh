@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (all of them) and
 # ThreadSanitizer (the concurrent parts: rings, futex waits, streams/events, copy engine).
-#   scripts/sanitize.sh [address|thread|all]
+#   scripts/sanitize.sh [address|thread|all] [--build-only]
+# --build-only builds without running (CI builds these trees while the Python tests run).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 which=${1:-all}
+build_only=0
+[ "${2:-}" = --build-only ] && build_only=1
 install_debian_packages
 
 # run_sanitized NAME SANITIZERS [LABEL]: builds the C++ tests (all, or the target LABEL_tests
@@ -12,10 +15,11 @@ install_debian_packages
 run_sanitized() {
   local name=$1 sanitize=$2 label=${3:-}
   local dir=$TOP/build/$name
-  log "C++ tests under -fsanitize=$sanitize ${label:+(the ctest label $label)}"
+  log "C++ tests under -fsanitize=$sanitize ${label:+(the ctest label $label)}$([ "$build_only" = 1 ] && echo ": build only")"
   cmake -S "$TOP" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTENSORXFER_SANITIZE="$sanitize" \
     -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_PYTHON=OFF -DTENSORXFER_WITH_CUDA=OFF >/dev/null
   cmake --build "$dir" -j2 ${label:+--target "${label}_tests"}
+  [ "$build_only" = 1 ] && return 0
   # Two at a time, shm-sweep tests alone: see scripts/test.sh.
   (cd "$dir" && ctest -j2 --output-on-failure --timeout 600 ${label:+-L "^${label}\$"})
 }

@@ -222,7 +222,7 @@ def test_mismatched_sizes_raise_on_every_rank(tmp_path):
 
 def test_ctrl_c_interrupts_a_blocked_op(tmp_path):
     out = _out(tmp_path, "tx")
-    processes = workers.start("interrupt", 2, "tensorxfer", out, pg_timeout_s=60)
+    processes = workers.start("interrupt", 2, "tensorxfer", out, pg_timeout_s=60, extra=out)
     line = processes[0].stdout.readline()
     assert "BLOCKING" in line, line
     time.sleep(0.5)

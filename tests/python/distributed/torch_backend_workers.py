@@ -251,13 +251,16 @@ def scenario_mismatch(rank: int, world: int, extra: str) -> Dict[str, Any]:
 
 
 def scenario_interrupt(rank: int, world: int, extra: str) -> Dict[str, Any]:
-    """Rank 0 blocks in all_reduce that rank 1 never joins; the test sends rank 0 SIGINT."""
+    """Rank 0 blocks in all_reduce that rank 1 never joins; the test sends rank 0 SIGINT.
+    Rank 1 stays away until rank 0 has saved its result in ``extra`` (the output folder), 30 s at most."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     if rank == 1:
-        time.sleep(30)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(extra, "0.pt")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return {}
     print("BLOCKING", flush=True)
     started = time.monotonic()
