@@ -52,6 +52,18 @@ use_compiler_cache() {
   fi
 }
 
+# background_at_lowest_priority LOG COMMAND...: starts COMMAND in a session of its own (so that
+# `kill -- -PID` takes down everything it started), at the lowest CPU priority, with output
+# to LOG; sets BACKGROUND_PID. With the kernel's autogroups (sched_autogroup_enabled), nice
+# only orders processes within one session, so the new session's group is made nice 19 too:
+# otherwise it would get half of the CPUs whatever its processes' nice values.
+background_at_lowest_priority() {
+  local log=$1
+  shift
+  setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' bash "$@" > "$log" 2>&1 &
+  BACKGROUND_PID=$!
+}
+
 # make_venv DIR: a virtual environment with pip up to date and torch $TORCH_VERSION (CPU).
 make_venv() {
   local venv=$1

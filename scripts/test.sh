@@ -47,10 +47,10 @@ if [ "$tier" != stress ]; then
   # With the project's own DLPack declaration whatever the system has, as a machine without
   # libdlpack-dev builds it; DlpackAbiTest compares it with the system header when there is one.
   # The C++ benchmarks are not built here: -DTENSORXFER_BUILD_BENCH=ON builds them on request.
-  setsid nice -n 19 bash -c "cmake -S '$TOP' -B '$BUILD/cpp-tests' -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=OFF -DTENSORXFER_BUILD_PYTHON=OFF \
-      -DTENSORXFER_USE_SYSTEM_DLPACK=OFF && cmake --build '$BUILD/cpp-tests' -j2" > "$cpp_build_log" 2>&1 &
-  cpp_build=$!
+  background_at_lowest_priority "$cpp_build_log" bash -c "cmake -S '$TOP' -B '$BUILD/cpp-tests' -G Ninja \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_BENCH=OFF \
+      -DTENSORXFER_BUILD_PYTHON=OFF -DTENSORXFER_USE_SYSTEM_DLPACK=OFF && cmake --build '$BUILD/cpp-tests' -j2"
+  cpp_build=$BACKGROUND_PID
   trap 'kill -- -"$cpp_build" 2>/dev/null || true' EXIT
 fi
 
