@@ -53,6 +53,7 @@ def test_no_source_includes_the_libnuma_headers():
 @needs_checkout
 @pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
                     reason="no cmake or C++ compiler on PATH")
+@pytest.mark.timeout(330)  # above the configure's own 300 s
 def test_the_cmake_configuration_does_not_look_for_libnuma(tmp_path):
     result = subprocess.run(
         ["cmake", "-S", str(CHECKOUT), "-B", str(tmp_path), "-DTENSORXFER_BUILD_PYTHON=OFF",

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -40,11 +41,13 @@ def mpirun_path() -> Optional[str]:
 
 
 def _collect(processes: List[subprocess.Popen], timeout: float) -> Tuple[List[int], str]:
+    """Every process's exit code and output; ``timeout`` bounds the whole launch, not each process."""
     output = []
     codes = []
+    deadline = time.monotonic() + timeout
     for process in processes:
         try:
-            out, _ = process.communicate(timeout=timeout)
+            out, _ = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             out, _ = process.communicate()

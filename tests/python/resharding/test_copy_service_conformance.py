@@ -31,6 +31,10 @@ def group_param(backend: str, world: int):
     marks = [pytest.mark.fast] if (backend, world) in FAST_GROUPS else [pytest.mark.stress] if world >= 4 else []
     return pytest.param(backend, world, marks=marks, id=f"{backend}-x{world}")
 _results: dict = {}
+# A group's launch (every scenario, every rank) must end within its budget, and the budget stays
+# under the pytest timeout of the test that pays for the launch: a hang is then reported by the
+# launcher with every rank's output instead of being cut off by pytest-timeout.
+LAUNCH_BUDGET_S = {"short": 90.0, "slow": 360.0}
 
 
 def group_results(backend: str, world: int, size: str, tmp_path_factory) -> list:
@@ -41,7 +45,7 @@ def group_results(backend: str, world: int, size: str, tmp_path_factory) -> list
             _results[key] = reason
         else:
             out_dir = str(tmp_path_factory.mktemp(f"{backend}{world}{size}"))
-            codes, output = launch.LAUNCHERS[backend](world, [out_dir, size, "conformance"], 400.0)
+            codes, output = launch.LAUNCHERS[backend](world, [out_dir, size, "conformance"], LAUNCH_BUDGET_S[size])
             per_rank = []
             for rank in range(world):
                 path = os.path.join(out_dir, f"rank{rank}.json")
@@ -77,6 +81,7 @@ SLOW = ["many_small_tensors", "large_tensors"]
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", SLOW)
 @pytest.mark.parametrize("backend,world", [("local", 1), ("mpi", 2), ("torch", 2), ("shm", 2)],
                          ids=["local", "mpi", "torch", "shm"])

@@ -235,8 +235,10 @@ def _rank_main(target, name, rank, world, queue):
 
 
 def on_gpu(test):
-    """Marks a test of spawned ranks on the GPU (cuda, multiprocess; skipped without a device)."""
-    return pytest.mark.cuda(pytest.mark.multiprocess(pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)(test)))
+    """Marks a test of spawned ranks on the GPU (cuda, multiprocess; skipped without a device), with a
+    pytest timeout above _spawn's own deadline, so that a hang is reported by _spawn."""
+    return pytest.mark.timeout(270)(
+        pytest.mark.cuda(pytest.mark.multiprocess(pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)(test))))
 
 
 def _spawn(target, world=2, timeout=240):
@@ -246,8 +248,9 @@ def _spawn(target, world=2, timeout=240):
     processes = [context.Process(target=_rank_main, args=(target, name, rank, world, queue)) for rank in range(world)]
     for process in processes:
         process.start()
+    deadline = time.monotonic() + timeout  # one deadline for every rank's report
     try:
-        return dict(queue.get(timeout=timeout) for _ in processes)
+        return dict(queue.get(timeout=max(0.1, deadline - time.monotonic())) for _ in processes)
     finally:
         for process in processes:
             process.join(30)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 pytestmark = [
     pytest.mark.cuda,
+    pytest.mark.timeout(210),  # above the child's own 180 s
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
     pytest.mark.skipif(torch.cuda.is_available() and not torch.distributed.is_nccl_available(),
                        reason="this torch build has no nccl"),

@@ -152,6 +152,7 @@ def a_peer_never_calls(group) -> str:
 @pytest.mark.multiprocess
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 class TestOnOneGpu:
+    @pytest.mark.timeout(330)  # above the launch's own 300 s
     def test_every_dtype_op_and_algorithm_matches_the_rank_order_reference_on_every_rank(self, tmp_path):
         ranks = run_spawned(2, reduce_every_case, (), str(tmp_path), timeout=300)
         wrong = [(index, dtype) for (index, equal, _), (_, dtype, *_rest) in zip(ranks[0], cases()) if not equal]

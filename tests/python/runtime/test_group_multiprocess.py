@@ -189,6 +189,7 @@ def test_spawned_ranks_join_barrier_and_gather(world_size):
     assert reports == {rank: True for rank in range(1, world_size)}
 
 
+@pytest.mark.timeout(330)  # above the 300 s the test waits for the ranks' reports
 @pytest.mark.parametrize("iterations", [300, pytest.param(10_000, marks=pytest.mark.stress)])
 def test_back_to_back_collectives_with_random_delays(iterations):
     world_size = 4
