@@ -9,6 +9,7 @@
 #   scripts/fake_cuda.sh [PYTHON]   (default: build/test-venv/bin/python, else python3)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+use_compiler_cache
 
 BUILD=$TOP/build/fake-cuda
 PYTHON=${1:-}
