@@ -209,9 +209,9 @@ class ShmCopyService(ForwardsToProtocol):
                 read_nbytes = recv_spans.nbytes[receives].astype(np.uint64)
                 if np.any(published[:, 2] == NOT_IN_BUFFER):
                     raise RuntimeError(f"{self.backend_name}: a peer planned a direct task outside its send buffer")
-                peer = self._buffers.peer_addresses(plan.direct_recv_src, published[:, 2], read_nbytes,
-                                                    self.backend_name)
-                direct = np.stack([peer, receives.astype(np.uint64), read_nbytes], axis=1)
+                mapped = self._buffers.peer_addresses(plan.direct_recv_src, published[:, 2], read_nbytes,
+                                                      self.backend_name)
+                direct = np.stack([mapped, receives.astype(np.uint64), read_nbytes], axis=1)
         pipeline = plan.pipeline if plan.pipeline.num_iterations else None
         steps = self._executor.build_steps(pipeline, send_meta, send_dims, recv_meta, recv_dims, pipe_sends,
                                            pipe_recvs, pairs, np.ascontiguousarray(direct), plan.any_direct,
