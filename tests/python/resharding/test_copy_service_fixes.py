@@ -63,3 +63,62 @@ def test_check_int_names_the_argument_and_splits_type_from_range():
         _arguments.check_task_id(1 << 63)
     with pytest.raises(ValueError, match=r"^r: expected a rank in \[0, 2\), got 2$"):
         _arguments.check_rank(2, 2, "r")
+
+
+class _SlowExecutor:
+    """The native executor, entering execute() only after a delay."""
+
+    def __init__(self, executor, delay):
+        self._executor, self._delay = executor, delay
+
+    def execute(self, *args):
+        import time
+
+        time.sleep(self._delay)
+        return self._executor.execute(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)
+
+
+def _stalls_twice(name, rank, world):
+    """Rank 1 reaches run() 1.2 s late and its pipeline 1.2 s later still; rank 0's run has
+    a 2 s timeout. One deadline per call: rank 0 raises TimeoutError at about 2 s (before the
+    fix the pipeline restarted the full timeout, and the run succeeded after 2.4 s)."""
+    import time
+
+    from tensorxfer.resharding.copy_services import build_copy_service
+    from tensorxfer.runtime import LocalGroup
+
+    group = LocalGroup.join(name, rank=rank, world_size=world, timeout=60)
+    service = build_copy_service("shm", group, timeout=2.0 if rank == 0 else 10.0, cma_min_bytes=None)
+    try:
+        source, target = np.ones(1024, np.float32), np.zeros(1024, np.float32)
+        service.submit_send(source, 1 - rank, rank)
+        service.submit_recv(target, 1 - rank, 1 - rank)
+        if rank == 1:
+            service._executor = _SlowExecutor(service._executor, 1.2)
+            time.sleep(1.2)
+        start = time.monotonic()
+        try:
+            service.run()
+        except Exception as error:  # noqa: BLE001
+            return type(error).__name__, time.monotonic() - start
+        return "no error", time.monotonic() - start
+    finally:
+        service.close()
+        group.close()
+
+
+@pytest.mark.multiprocess
+def test_shm_run_keeps_one_deadline():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from copy_service_launch import run_ranks
+
+    got = run_ranks(_stalls_twice, 2)
+    error, seconds = got[0]
+    assert error == "TimeoutError", got
+    assert 1.8 <= seconds < 3.0, got

@@ -53,6 +53,11 @@ DEFAULT_SLOT_NBYTES = 4 << 20
 DEFAULT_CMA_MIN_BYTES = 1 << 20
 
 
+def remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left until ``deadline`` (a time.monotonic() value; None: no deadline)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
     """``group`` as a LocalGroup, and whether this service made it (and closes it).
 
@@ -233,9 +238,8 @@ class ShmCopyService(ForwardsToProtocol):
                                f"or stalled: {error}") from error
 
     def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._group_wait("the all-gather of the batch's metadata"):
-            return list(self._local.all_gather_bytes(data, remaining))
+            return list(self._local.all_gather_bytes(data, remaining(deadline)))
 
     # ---- planning -----------------------------------------------------------------------
 
@@ -258,7 +262,8 @@ class ShmCopyService(ForwardsToProtocol):
         _, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         if plan.any_direct:
             with self._group_wait("the direct reads"):
-                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
+                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes,
+                                                            remaining(deadline))
             failure: Optional[Exception] = None
             try:
                 self._read_directly(plan, published, recv_addresses, recv_spans.nbytes)
@@ -278,7 +283,8 @@ class ShmCopyService(ForwardsToProtocol):
         try:
             # Its final barrier also tells senders that every cross-memory read is done.
             with self._group_wait("the batch's transfers"):
-                self._executor.execute(plan.pipeline, timeout, self._protocol.run_index)
+                # What is left of the run's one deadline, not the whole timeout again.
+                self._executor.execute(plan.pipeline, remaining(deadline), self._protocol.run_index)
         except BaseException:
             empty = np.zeros(0, np.uint64)
             self._task_memory = None
