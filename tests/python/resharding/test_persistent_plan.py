@@ -236,3 +236,23 @@ def test_shm_plan_survivor_reports_the_last_landed_version_when_a_peer_is_killed
     assert cause in ("PeerLostError", "TimeoutError"), value
     assert landed == 2 and seconds < 5.0 + 2.0, value
     assert "an earlier run failed" in again and "landed is 2" in again, again
+
+
+def test_shm_plan_of_one_rank_and_its_closed_service():
+    """A plan outlives nothing it runs on: after its service closed, run() raises (the
+    native executor's check, before any slot is touched) and names the last landed version."""
+    import uuid
+
+    from tensorxfer.runtime import LocalGroup
+
+    with LocalGroup.join(f"one-{uuid.uuid4().hex[:10]}", rank=0, world_size=1, timeout=10) as group:
+        service = build_copy_service("shm", group, timeout=10)
+        source = np.arange(64, dtype=np.float64).reshape(8, 8)
+        target = np.zeros((8, 8))
+        plan = build_persistent_plan(service, [(0, source.T, 0)], [(0, target, 0)])
+        assert plan.run() == 0
+        np.testing.assert_array_equal(target, source.T)
+        service.close()
+        with pytest.raises(PersistentPlanError, match="last version that landed is 0") as raised:
+            plan.run()
+        assert isinstance(raised.value.__cause__, ClosedError)
