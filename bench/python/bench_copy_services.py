@@ -19,6 +19,10 @@ Variants, in the same run, interleaved repeat by repeat:
   with the sources already in the service's shared send buffer
   (``buffer_bytes=``, ``service.buffer(...)``): receivers copy them from the
   mapping (no target: a different input).
+* persistent plans (in the same mpirun job, shm): ``build_persistent_plan`` of the step's
+  ops, built once outside the clock; a sample is one ``plan.run()`` (from private torch
+  tensors, and from views of the send buffer). Targets on (a): >= 0.45x the memcpy floor
+  and >= 60x the better gloo window from private tensors, >= 0.8x the floor from the buffer.
 * torch.distributed (2 spawned gloo ranks, tcp://127.0.0.1): ``TorchDistributedCopyService``
   (first and later runs) against ``batch_isend_irecv`` in windows of 1024 and all.
 
@@ -76,6 +80,14 @@ FLOOR_TARGETS = {("a", "tensorxfer shm (repeat)", FLOOR_MEMCPY): 0.4,  # within 
                  ("b", "tensorxfer shm, sources in buffer (repeat)", FLOOR_MEMCPY): 0.8}
 #: The shm backend with its sources already in its shared send buffer (zero-copy sends).
 BUFFERED = "tensorxfer shm, sources in buffer (repeat)"
+#: Persistent plans (tensorxfer.resharding.persistent_plan) on the shm backend, built once
+#: outside the clock: a run is one native call.
+PERSISTENT = "tensorxfer shm persistent plan (run)"
+PERSISTENT_BUFFERED = "tensorxfer shm persistent plan, sources in buffer (run)"
+FLOOR_TARGETS[("a", PERSISTENT, FLOOR_MEMCPY)] = 0.45
+FLOOR_TARGETS[("a", PERSISTENT_BUFFERED, FLOOR_MEMCPY)] = 0.8
+#: (case, candidate) -> target against the better gloo window.
+GLOO_TARGETS = {("a", PERSISTENT): 60.0}
 #: Where a shm step of case (a) goes (printed, no target): its parts and their floors.
 PART_SUBMITS = "shm parts: the 20,000 submits alone"
 PART_RUN = "shm parts: run() alone (submitted before)"
@@ -280,6 +292,23 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
 
             buffered_step()  # builds the plan: the variant is timed on repeats
             variants[BUFFERED] = buffered_step
+        plans = []
+        if with_shm:
+            from tensorxfer.resharding.persistent_plan import build_persistent_plan
+
+            plan_service = build_copy_service("shm", group=group, timeout=600)
+            plan = build_persistent_plan(plan_service, [(rank * 1_000_000 + i, t, peer) for i, t in enumerate(shm_sends)],
+                                         [(peer * 1_000_000 + i, t, peer) for i, t in enumerate(shm_recvs)])
+            plan.run()
+            assert all(r[0] == peer + 1 and r[-1] == peer + 1 for r in recvs if r.size), "persistent: wrong bytes"
+            variants[PERSISTENT] = plan.run
+            plans.append((plan, plan_service))
+            assert buffered is not None
+            buffered_plan = build_persistent_plan(buffered, [(rank * 1_000_000 + i, t, peer) for i, t in enumerate(views)],
+                                                  [(peer * 1_000_000 + i, t, peer) for i, t in enumerate(shm_recvs)])
+            buffered_plan.run()
+            variants[PERSISTENT_BUFFERED] = buffered_plan.run
+            plans.append((buffered_plan, None))
         for repeat in range(repeats):
             for backend, make in makers.items():
                 if backend in services:
@@ -298,6 +327,10 @@ def mpi_worker(cases: List[str], repeats: int, out: str, with_mpi: bool, with_sh
                 samples.setdefault(name, []).append(timed_step(barrier, slowest, step))
         for service in services.values():
             service.close()
+        for plan, plan_service in plans:
+            plan.close()
+            if plan_service is not None:
+                plan_service.close()
         for extra in (buffered, parts_service):
             if extra is not None:
                 extra.close()
@@ -431,6 +464,9 @@ def build_report(cases: List[str], repeats: int, mpi: Dict, torch_results: Dict,
             best = _fastest(report, name, families[prefix])
             report.compare(name, "time", f"{ours} (repeat)", best, TARGETS.get((case, backend)))
             report.compare(name, "time", f"{ours} (first run)", best)
+        for (gloo_case, candidate), target in GLOO_TARGETS.items():
+            if gloo_case == case and candidate in variants and families["gloo"]:
+                report.compare(name, "time", candidate, _fastest(report, name, families["gloo"]), target)
         if "tensorxfer shm (repeat)" not in variants:
             continue
         families["ours"] = [f"tensorxfer {b} (repeat)" for b in ("mpi", "torch") if f"tensorxfer {b} (repeat)" in variants]

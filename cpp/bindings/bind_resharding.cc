@@ -5,7 +5,9 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -15,10 +17,12 @@
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
 #include "tensorxfer/copy/process_memory.h"
+#include "tensorxfer/copy/span_pack.h"
 #include "tensorxfer/group/local_group.h"
 #include "tensorxfer/resharding/communication_scheduler.h"
 #include "tensorxfer/resharding/ipc_double_buffers.h"
 #include "tensorxfer/resharding/pipeline_executor.h"
+#include "tensorxfer/resharding/persistent_plan.h"
 #include "tensorxfer/resharding/pipeline_plan.h"
 #include "tensorxfer/resharding/task_matcher.h"
 #include "tensorxfer/sync/peer_liveness.h"
@@ -105,11 +109,110 @@ resharding::TaskMemoryMap memory_map(const U64Array& ids, const U64Array& addres
   return map;
 }
 
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// The pieces of every tensor of one side: `meta` rows (address, itemsize, ndim), `dims`
+// rows (size, stride in bytes), ndim of them per tensor in order.
+std::vector<resharding::Pieces> views_pieces(const U64Array& meta, const I64Array& dims, const char* side) {
+  TENSORXFER_CHECK(InvalidArgument, meta.ndim() == 2 && meta.shape(1) == 3 && dims.ndim() == 2 && dims.shape(1) == 2,
+                   side, ": views must be (n, 3) rows of (address, itemsize, ndim) and (m, 2) rows of (size, stride)");
+  const auto rows = meta.unchecked<2>();
+  const auto sizes = dims.unchecked<2>();
+  std::vector<resharding::Pieces> pieces(static_cast<std::size_t>(meta.shape(0)));
+  py::ssize_t next = 0;
+  for (py::ssize_t i = 0; i < meta.shape(0); ++i) {
+    const auto ndim = static_cast<py::ssize_t>(rows(i, 2));
+    TENSORXFER_CHECK(InvalidArgument, ndim >= 0 && ndim <= dims.shape(0) - next, side, " view ", i, ": ndim ", ndim,
+                     " runs past the ", dims.shape(0), " dimension rows");
+    std::vector<int64_t> shape, strides;
+    for (py::ssize_t d = 0; d < ndim; ++d) {
+      shape.push_back(sizes(next + d, 0));
+      strides.push_back(sizes(next + d, 1));
+    }
+    next += ndim;
+    auto* data = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(rows(i, 0)));
+    pieces[static_cast<std::size_t>(i)] = resharding::strided_pieces(data, rows(i, 1), shape, strides);
+  }
+  return pieces;
+}
+
+// Task id -> pieces of the op each (task id, op index) row names.
+std::unordered_map<uint64_t, resharding::Pieces> pieces_by_task(const U64Array& rows,
+                                                                const std::vector<resharding::Pieces>& views,
+                                                                const char* side) {
+  TENSORXFER_CHECK(InvalidArgument, rows.ndim() == 2 && rows.shape(1) == 2, side,
+                   ": tasks must be (n, 2) rows of (task id, op index)");
+  const auto table = rows.unchecked<2>();
+  std::unordered_map<uint64_t, resharding::Pieces> map;
+  for (py::ssize_t i = 0; i < rows.shape(0); ++i) {
+    TENSORXFER_CHECK(InvalidArgument, table(i, 1) < views.size(), side, " task ", table(i, 0), ": op index ",
+                     table(i, 1), " of ", views.size());
+    TENSORXFER_CHECK(InvalidArgument, map.emplace(table(i, 0), views[table(i, 1)]).second, side, " task ",
+                     table(i, 0), " appears twice");
+  }
+  return map;
+}
+
+// A persistent plan's copy lists (resharding/persistent_plan.h) and the Python
+// objects whose memory they point into.
+struct PyPersistentSteps {
+  resharding::PersistentSteps steps;
+  py::object keep_alive;
+};
+
 // This rank's part of a schedule, ready to execute.
 struct PipelinePlan {
   std::vector<resharding::IterationSchedule> iterations;
   std::size_t batches = 0;
 };
+
+std::unique_ptr<PyPersistentSteps> make_persistent_steps(const std::optional<PipelinePlan>& plan, const U64Array& send_meta,
+                                               const I64Array& send_dims, const U64Array& recv_meta,
+                                               const I64Array& recv_dims, const U64Array& pipe_sends,
+                                               const U64Array& pipe_recvs, const U64Array& local_pairs,
+                                               const U64Array& direct, bool any_direct, bool any_remote,
+                                               py::object keep_alive,
+                                               resharding::DoubleBuffers* buffers, int my_pe) {
+  auto result = std::make_unique<PyPersistentSteps>();
+  result->keep_alive = std::move(keep_alive);
+  const auto sends = views_pieces(send_meta, send_dims, "sends");
+  const auto receives = views_pieces(recv_meta, recv_dims, "receives");
+  TENSORXFER_CHECK(InvalidArgument, local_pairs.ndim() == 2 && local_pairs.shape(1) == 2,
+                   "local_pairs must be (n, 2) rows of (send index, receive index)");
+  TENSORXFER_CHECK(InvalidArgument, direct.ndim() == 2 && direct.shape(1) == 3,
+                   "direct must be (n, 3) rows of (source address, receive index, nbytes)");
+  auto& steps = result->steps;
+  steps.any_direct = any_direct;
+  steps.any_remote = any_remote;
+  const auto pairs = local_pairs.unchecked<2>();
+  for (py::ssize_t i = 0; i < local_pairs.shape(0); ++i) {
+    TENSORXFER_CHECK(InvalidArgument, pairs(i, 0) < sends.size() && pairs(i, 1) < receives.size(), "local pair ", i,
+                     " names op ", pairs(i, 0), " -> ", pairs(i, 1), " of ", sends.size(), " sends and ",
+                     receives.size(), " receives");
+    const auto& src = sends[pairs(i, 0)];
+    const auto& dst = receives[pairs(i, 1)];
+    const uint64_t nbytes = resharding::pieces_nbytes(src);
+    TENSORXFER_CHECK_EQ(InvalidArgument, "a local pair's byte sizes", nbytes, resharding::pieces_nbytes(dst));
+    resharding::append_stream_copy(steps.local, src, 0, dst, 0, nbytes);
+    steps.bytes += nbytes;
+  }
+  const auto reads = direct.unchecked<2>();
+  for (py::ssize_t i = 0; i < direct.shape(0); ++i) {
+    TENSORXFER_CHECK(InvalidArgument, reads(i, 1) < receives.size(), "direct read ", i, " names receive ",
+                     reads(i, 1), " of ", receives.size());
+    const resharding::Pieces source{
+        resharding::Piece{reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(reads(i, 0))), reads(i, 2)}};
+    resharding::append_stream_copy(steps.direct, source, 0, receives[reads(i, 1)], 0, reads(i, 2));
+    steps.bytes += reads(i, 2);
+  }
+  if (plan) {
+    TENSORXFER_CHECK(InvalidArgument, buffers != nullptr, "a persistent plan with a pipeline needs an executor");
+    resharding::add_pipeline_steps(steps, plan->iterations, pieces_by_task(pipe_sends, sends, "pipeline sends"),
+                                   pieces_by_task(pipe_recvs, receives, "pipeline receives"), *buffers, my_pe);
+  }
+  return result;
+}
+
 
 // The executor plus the task memory its launched steps read, kept together so
 // a launched pack never outlives the map it reads.
@@ -153,6 +256,24 @@ class PyPipelineExecutor {
   void synchronize() {
     py::gil_scoped_release release;
     executor_.synchronize_streams();
+  }
+
+  std::unique_ptr<PyPersistentSteps> build_steps(const std::optional<PipelinePlan>& plan, const U64Array& send_meta,
+                                                 const I64Array& send_dims, const U64Array& recv_meta,
+                                                 const I64Array& recv_dims, const U64Array& pipe_sends,
+                                                 const U64Array& pipe_recvs, const U64Array& local_pairs,
+                                                 const U64Array& direct, bool any_direct, bool any_remote,
+                                                 py::object keep_alive) {
+    return make_persistent_steps(plan, send_meta, send_dims, recv_meta, recv_dims, pipe_sends, pipe_recvs,
+                                 local_pairs, direct, any_direct, any_remote, std::move(keep_alive), &buffers_,
+                                 executor_.my_pe());
+  }
+
+  void execute_steps(const PyPersistentSteps& steps, uint64_t plan_id, uint64_t version, uint64_t run,
+                     const PyTimeout& timeout) {
+    buffers_.set_wait(wait_timeout(timeout, "PersistentPlan.run"), python_signal_check());
+    py::gil_scoped_release release;
+    executor_.execute_steps(steps.steps, plan_id, version, run);
   }
 
  private:
@@ -237,6 +358,30 @@ void bind_resharding(py::module_& module) {
       "Rank my_pe's plan from already matched (task_id, nbytes, src_rank, dest_rank) rows, task ids strictly "
       "increasing (they are not matched again; every rank gets the same schedule).");
 
+  py::class_<PyPersistentSteps>(module, "PersistentSteps", "A persistent plan's copy lists (native).")
+      .def_property_readonly("bytes", [](const PyPersistentSteps& self) { return self.steps.bytes; })
+      .def_property_readonly("num_iterations", [](const PyPersistentSteps& self) { return self.steps.pack.size(); })
+      .def_property_readonly("num_spans", [](const PyPersistentSteps& self) {
+        std::size_t spans = self.steps.local.size() + self.steps.direct.size();
+        for (const auto& list : self.steps.pack) spans += list.size();
+        for (const auto& list : self.steps.unpack) spans += list.size();
+        return spans;
+      })
+      .def("copy_local", [](const PyPersistentSteps& self, copy::CopyEngine& engine) {
+        py::gil_scoped_release release;
+        copy::copy_spans(self.steps.local, &engine);
+      }, py::arg("engine"), "Only the same-rank copies (a plan of one process), GIL released.");
+  module.def(
+      "build_local_steps",
+      [](const U64Array& send_meta, const I64Array& send_dims, const U64Array& recv_meta, const I64Array& recv_dims,
+         const U64Array& local_pairs, py::object keep_alive) {
+        const U64Array none(std::vector<py::ssize_t>{0, 2});
+        const U64Array no_direct(std::vector<py::ssize_t>{0, 3});
+        return make_persistent_steps(std::nullopt, send_meta, send_dims, recv_meta, recv_dims, none, none,
+                                     local_pairs, no_direct, false, false, std::move(keep_alive), nullptr, 0);
+      },
+      py::arg("send_meta"), py::arg("send_dims"), py::arg("recv_meta"), py::arg("recv_dims"), py::arg("local_pairs"),
+      py::arg("keep_alive"), "The copy lists of a plan of same-rank pairs only (PipelineExecutor.build_steps' form).");
   py::class_<PyPipelineExecutor>(module, "PipelineExecutor",
                                  "Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).")
       .def(py::init<collectives::IpcMemory&, group::LocalGroup&, std::size_t, copy::CopyEngine&>(),
@@ -262,7 +407,20 @@ void bind_resharding(py::module_& module) {
             self.launch(iteration, batch, false);
           },
           py::arg("iteration"), py::arg("batch"))
-      .def("synchronize", &PyPipelineExecutor::synchronize, "Waits for launched packs and unpacks.");
+      .def("synchronize", &PyPipelineExecutor::synchronize, "Waits for launched packs and unpacks.")
+      .def("build_steps", &PyPipelineExecutor::build_steps, py::arg("plan"), py::arg("send_meta"), py::arg("send_dims"),
+           py::arg("recv_meta"), py::arg("recv_dims"), py::arg("pipe_sends"), py::arg("pipe_recvs"),
+           py::arg("local_pairs"), py::arg("direct"), py::arg("any_direct"), py::arg("any_remote"),
+           py::arg("keep_alive"),
+           "A persistent plan's copy lists (resharding/persistent_plan.h) from this rank's views (meta rows "
+           "(address, itemsize, ndim), dims rows (size, stride in bytes)), its pipeline tasks ((task id, op index) "
+           "rows), same-rank pairs ((send, receive) op indices) and direct reads ((source address, receive, "
+           "nbytes)); `keep_alive` is held as long as the result.")
+      .def("execute_steps", &PyPipelineExecutor::execute_steps, py::arg("steps"), py::arg("plan_id"),
+           py::arg("version"), py::arg("run"), py::arg("timeout") = py::none(),
+           "One run of a persistent plan (collective when any rank moves bytes between processes), GIL released; "
+           "TimeoutError / PeerLostError from its barriers, TensorxferError when ranks run different plans or "
+           "versions.");
   module.def("pipeline_region_nbytes", &resharding::IpcDoubleBuffers::region_nbytes, py::arg("slot_nbytes"));
   module.def(
       "check_pipeline_batch",

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PersistentSteps', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_local_steps', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -583,12 +583,33 @@ class PipelinePlan:
     @property
     def num_iterations(self) -> int:
         ...
+class PersistentSteps:
+    """
+    A persistent plan's copy lists (native).
+    """
+    def copy_local(self, engine: CopyEngine) -> None:
+        """
+        Only the same-rank copies (a plan of one process), GIL released.
+        """
+    @property
+    def bytes(self) -> int:
+        ...
+    @property
+    def num_iterations(self) -> int:
+        ...
+    @property
+    def num_spans(self) -> int:
+        ...
 class PipelineExecutor:
     """
     Double-buffered pack/send/unpack over an IpcMemory (resharding/pipeline_executor.h).
     """
     def __init__(self, memory: IpcMemory, group: LocalGroup, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, engine: CopyEngine) -> None:
         ...
+    def build_steps(self, plan: PipelinePlan | None, send_meta: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_dims: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], recv_meta: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_dims: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], pipe_sends: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], pipe_recvs: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], local_pairs: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], direct: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], any_direct: bool, any_remote: bool, keep_alive: typing.Any) -> PersistentSteps:
+        """
+        A persistent plan's copy lists (resharding/persistent_plan.h) from this rank's views (meta rows (address, itemsize, ndim), dims rows (size, stride in bytes)), its pipeline tasks ((task id, op index) rows), same-rank pairs ((send, receive) op indices) and direct reads ((source address, receive, nbytes)); `keep_alive` is held as long as the result.
+        """
     def check(self, plan: PipelinePlan) -> None:
         """
         The checks execute makes before anything moves, alone (ValueError naming the field).
@@ -596,6 +617,10 @@ class PipelineExecutor:
     def execute(self, plan: PipelinePlan, timeout: float | None = None, operation: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         """
         Runs the plan (collective); raises TimeoutError / PeerLostError from its barriers. Its barriers carry `operation` (the same on every rank, a new one per run): a barrier completed by ranks of different operations raises TensorxferError ('ranks out of step').
+        """
+    def execute_steps(self, steps: PersistentSteps, plan_id: typing.SupportsInt | typing.SupportsIndex, version: typing.SupportsInt | typing.SupportsIndex, run: typing.SupportsInt | typing.SupportsIndex, timeout: float | None = None) -> None:
+        """
+        One run of a persistent plan (collective when any rank moves bytes between processes), GIL released; TimeoutError / PeerLostError from its barriers, TensorxferError when ranks run different plans or versions.
         """
     def launch_pack(self, iteration: typing.SupportsInt | typing.SupportsIndex, batch: typing.Any) -> None:
         ...
@@ -619,6 +644,10 @@ def best_half_kernels() -> str:
     """
 def bind_to_numa_node(view: TensorView, argument: str, node: typing.SupportsInt | typing.SupportsIndex) -> None:
     ...
+def build_local_steps(send_meta: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], send_dims: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], recv_meta: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], recv_dims: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], local_pairs: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], keep_alive: typing.Any) -> PersistentSteps:
+    """
+    The copy lists of a plan of same-rank pairs only (PipelineExecutor.build_steps' form).
+    """
 def build_transfer_schedule(sends: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], receives: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], world_size: typing.SupportsInt | typing.SupportsIndex, slot_nbytes: typing.SupportsInt | typing.SupportsIndex, max_tasks_per_batch: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, list]:
     """
     Schedule from all-gathered (task_id, nbytes, src_rank, dest_rank) rows: (num_iterations, [(src, dest, batch_index, iteration, total_nbytes, segments (n, 4) uint64), ...]).

@@ -9,6 +9,7 @@
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/copy/copy_engine.h"
+#include "tensorxfer/copy/span_pack.h"
 
 namespace tensorxfer::resharding {
 namespace {
@@ -98,8 +99,8 @@ void PipelineExecutor::synchronize_streams() {
   if (first) std::rethrow_exception(first);
 }
 
-void PipelineExecutor::tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers) {
-  const std::array<uint64_t, kTagWords> tag{operation, barrier, barriers};
+int PipelineExecutor::barrier_with_tag(const std::array<uint64_t, kTagWords>& tag,
+                                       std::array<uint64_t, kTagWords>& seen) {
   const int parity = static_cast<int>(entered_++ % 2);
   sync::SharedWord64* own = buffers_.operation_tag(my_pe_, parity);
   // Relaxed: the barrier publishes them (everything written before entering is visible after).
@@ -107,12 +108,55 @@ void PipelineExecutor::tagged_barrier(uint64_t operation, uint64_t barrier, uint
   buffers_.barrier();
   for (int pe = 0; pe < buffers_.world_size(); ++pe) {
     const sync::SharedWord64* theirs = buffers_.operation_tag(pe, parity);
-    std::array<uint64_t, kTagWords> seen{};
     for (std::size_t word = 0; word < kTagWords; ++word) seen[word] = theirs[word].load(std::memory_order_relaxed);
-    TENSORXFER_CHECK(Error, seen == tag, "PipelineExecutor: ranks out of step: rank ", my_pe_,
-                     " left barrier ", barrier, " of ", barriers, " of operation ", operation, ", which rank ", pe,
-                     " entered as barrier ", seen[1], " of ", seen[2], " of operation ", seen[0]);
+    if (seen != tag) return pe;
   }
+  return -1;
+}
+
+void PipelineExecutor::tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers) {
+  std::array<uint64_t, kTagWords> seen{};
+  const int pe = barrier_with_tag({operation, barrier, barriers}, seen);
+  TENSORXFER_CHECK(Error, pe < 0, "PipelineExecutor: ranks out of step: rank ", my_pe_, " left barrier ", barrier,
+                   " of ", barriers, " of operation ", operation, ", which rank ", pe, " entered as barrier ",
+                   seen[1], " of ", seen[2], " of operation ", seen[0]);
+}
+
+void PipelineExecutor::persistent_barrier(uint64_t plan_id, uint64_t version, uint64_t run, uint64_t barrier) {
+  std::array<uint64_t, kTagWords> seen{};
+  const uint64_t position = run << 32 | barrier;
+  const int pe = barrier_with_tag({plan_id, version, position}, seen);
+  if (pe < 0) return;
+  TENSORXFER_CHECK(Error, seen[0] == plan_id, "PersistentPlan: rank ", my_pe_, " runs plan ", plan_id,
+                   " but rank ", pe, " runs plan ", seen[0],
+                   " (built apart, on another group, or another operation of the group)");
+  TENSORXFER_CHECK(Error, seen[1] == version, "PersistentPlan: rank ", my_pe_, " runs version ", version,
+                   " but rank ", pe, " runs version ", seen[1], " of the same plan");
+  throw Error(detail::concat("PersistentPlan: ranks out of step: rank ", my_pe_, " is at run ", run, " barrier ",
+                             barrier, ", rank ", pe, " at run ", seen[2] >> 32, " barrier ",
+                             seen[2] & 0xffffffffu));
+}
+
+void PipelineExecutor::execute_steps(const PersistentSteps& steps, uint64_t plan_id, uint64_t version,
+                                     uint64_t run) {
+  check_open("execute_steps");
+  uint64_t barrier = 0;
+  if (steps.any_direct) persistent_barrier(plan_id, version, run, barrier++);
+  copy::copy_spans(steps.local, &engine_);
+  copy::copy_spans(steps.direct, &engine_);
+  if (!steps.any_remote) return;
+  const std::size_t count = steps.pack.size();
+  TENSORXFER_CHECK(InvalidArgument, steps.unpack.size() == count, "PersistentSteps: ", count,
+                   " pack lists but ", steps.unpack.size(), " unpack lists");
+  // One thread copies, on the engine: the pack of i and the unpack of i-1 are
+  // both memory bound, and the engine spreads each over its threads.
+  for (std::size_t i = 0; i < count; ++i) {
+    copy::copy_spans(steps.pack[i], &engine_);
+    if (i >= 1) copy::copy_spans(steps.unpack[i - 1], &engine_);
+    persistent_barrier(plan_id, version, run, barrier++);
+  }
+  if (count > 0) copy::copy_spans(steps.unpack[count - 1], &engine_);
+  persistent_barrier(plan_id, version, run, barrier++);
 }
 
 void PipelineExecutor::execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,

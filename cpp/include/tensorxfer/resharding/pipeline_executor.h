@@ -27,11 +27,13 @@
 // The send slots serve launch_pack, the stage step of the Python executor.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "tensorxfer/resharding/double_buffers.h"
+#include "tensorxfer/resharding/persistent_plan.h"
 #include "tensorxfer/resharding/pipeline_plan.h"
 #include "tensorxfer/resharding/transfer_task.h"
 #include "tensorxfer/runtime/stream.h"
@@ -80,12 +82,29 @@ class PipelineExecutor {
   // Waits for both streams; rethrows a pack/unpack error.
   void synchronize_streams();
 
+  // One run of a persistent plan (persistent_plan.h; collective when
+  // steps.any_remote, every rank with the same number of iterations): a start
+  // barrier when any rank reads directly, then the local and direct copies, then
+  // for each iteration i the pack of i and the unpack of i-1 followed by a
+  // barrier, the last unpack, and a final barrier. Its barriers are tagged
+  // (plan_id, version, run << 32 | barrier): ranks running different plans
+  // (built apart, or on another group) or different versions throw
+  // tensorxfer::Error on every rank that sees it, naming both. When it returns,
+  // every rank's bytes of this run have landed. The memory in `steps` must stay
+  // valid until it returns or throws.
+  void execute_steps(const PersistentSteps& steps, uint64_t plan_id, uint64_t version, uint64_t run);
+
  private:
   void check_open(const char* operation) const;
   PlanBounds bounds() const;
   void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
   // Barrier `barrier` of the `barriers` of `operation` (see the file comment).
   void tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers);
+  // Enters the group's barrier with `tag` in this rank's tag words; returns the
+  // first rank whose tag differs (-1 if none) and its tag in `seen`.
+  int barrier_with_tag(const std::array<uint64_t, kTagWords>& tag, std::array<uint64_t, kTagWords>& seen);
+  // A persistent run's barrier `barrier` (see execute_steps).
+  void persistent_barrier(uint64_t plan_id, uint64_t version, uint64_t run, uint64_t barrier);
   // Enqueues packing `batch` (checked) into `slot` on the pack stream.
   void pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends);
 

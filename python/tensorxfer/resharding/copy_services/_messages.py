@@ -25,7 +25,7 @@ from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors, planning
 from tensorxfer.resharding.copy_services.planning import coalescing
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._run_protocol import positive
+from tensorxfer._arguments import check_int
 
 # One message as the transport posts it: (peer, tag, contiguous tensor, address, nbytes).
 Posting = Tuple[int, int, Any, int, int]
@@ -65,9 +65,9 @@ class MessageExecutor:
         self.backend_name = backend_name
         self.rank = rank
         self.transport = transport
-        self.max_window_tasks = positive(max_window_tasks, "max_window_tasks")
-        self.max_window_bytes = positive(max_window_bytes, "max_window_bytes")
-        self.coalesce_bytes = positive(coalesce_bytes, "coalesce_bytes")
+        self.max_window_tasks = check_int(max_window_tasks, "max_window_tasks", minimum=1)
+        self.max_window_bytes = check_int(max_window_bytes, "max_window_bytes", minimum=1)
+        self.coalesce_bytes = check_int(coalesce_bytes, "coalesce_bytes", minimum=1)
 
     def plan_options(self) -> Dict[str, Optional[int]]:
         """The options that shape the plan: every rank must pass the same values."""

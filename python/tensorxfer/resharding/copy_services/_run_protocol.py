@@ -38,13 +38,6 @@ UNSET: Any = object()  # run()'s timeout argument when not given
 _STEP_CONSTRUCTION, _STEP_AGREEMENT, _STEP_TABLES, _STEP_STATUS, _STEP_DIRECT_ADDRESSES = 1, 2, 3, 4, 5
 
 
-def positive(value: Any, argument: str) -> int:
-    """``value`` as an int >= 1; ValueError naming ``argument`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{argument}: expected an integer >= 1, got {value!r}")
-    return int(value)
-
-
 class Mover(Protocol):
     """What a backend's transport does in a run (the rest is the protocol's)."""
 
@@ -141,14 +134,28 @@ class RunProtocol:
             if error is not self._agreed_error:
                 # Peers may be waiting on this rank, requests may still be posted into
                 # user memory: this service cannot run again.
-                self.broken = f"{type(error).__name__}: {error}"
-                if self._on_broken is not None:
-                    self._on_broken()
+                self.mark_broken(error)
             raise
         finally:
             self._agreed_error = None
 
     def _run(self, sends: Columns, recvs: Columns, deadline: Optional[float], timeout: Optional[float]) -> None:
+        mover = self.mover
+        assert mover is not None, "the backend sets RunProtocol.mover before its first run"
+        prepared = self._prepare(sends, recvs, mover.build_plan, deadline, timeout, cached=True)
+        pattern, plan, send_spans, recv_spans = prepared
+        if pattern.pairs[0].size:
+            _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
+        if plan.has_remote_work:
+            send_tensors, send_spans = pattern.sends.remote_part(sends.tensors, send_spans)
+            recv_tensors, recv_spans = pattern.recvs.remote_part(recvs.tensors, recv_spans)
+            mover.execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
+
+    def _prepare(self, sends: Columns, recvs: Columns, build_plan: Callable[..., Any], deadline: Optional[float],
+                 timeout: Optional[float], cached: bool) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
+        """Steps (1)-(3) of a run: the agreement and this rank's plan (``build_plan(tables,
+        digests)``; the cached one when ``cached`` and every digest is unchanged), with the
+        pattern and the tensors' spans."""
         mover = self.mover
         assert mover is not None, "the backend sets RunProtocol.mover before its first run"
         local_error: Optional[BaseException] = None
@@ -166,25 +173,46 @@ class RunProtocol:
             local_error = error
         digests = self._agree(digest, local_error, deadline, timeout)
 
-        plan = self._plans.get(digests)
+        plan = self._plans.get(digests) if cached else None
         if plan is None:
-            self._plans.clear()
+            if cached:
+                self._plans.clear()
             tables_data = self.all_gather(_STEP_TABLES, matching.encode_tables(send_table, recv_table),
                                            deadline, timeout)
             tables = [matching.decode_tables(data) for data in tables_data]
             try:
-                plan = mover.build_plan(tables, digests)
+                plan = build_plan(tables, digests)
             except TaskMismatchError as error:  # every rank plans from the same tables: agreed
                 self._agreed_error = error
                 raise
-            self._plans.put(digests, plan)
+            if cached:
+                self._plans.put(digests, plan)
+        return pattern, plan, send_spans, recv_spans
 
-        if pattern.pairs[0].size:
-            _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
-        if plan.has_remote_work:
-            send_tensors, send_spans = pattern.sends.remote_part(sends.tensors, send_spans)
-            recv_tensors, recv_spans = pattern.recvs.remote_part(recvs.tensors, recv_spans)
-            mover.execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
+    def prepare(self, sends: Columns, recvs: Columns, build_plan: Callable[..., Any],
+                timeout: Optional[float] = UNSET) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
+        """The agreement and a new plan of ``sends`` / ``recvs`` (``build_plan(tables,
+        digests)``), without moving anything (collective; a persistent plan's build).
+        Raises as run() does, and breaks the service as run() does."""
+        if self.broken is not None:
+            raise RuntimeError(f"{self.backend_name}: an earlier run failed ({self.broken}); close this service")
+        timeout = self.timeout if timeout is UNSET else check_timeout(timeout, f"{self.backend_name}.plan")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return self._prepare(sends, recvs, build_plan, deadline, timeout, cached=False)
+        except BaseException as error:
+            if error is not self._agreed_error:
+                self.mark_broken(error)
+            raise
+        finally:
+            self._agreed_error = None
+
+    def mark_broken(self, error: BaseException) -> None:
+        """After a failure the ranks did not agree on: this service cannot run again."""
+        if self.broken is None:
+            self.broken = f"{type(error).__name__}: {error}"
+            if self._on_broken is not None:
+                self._on_broken()
 
     def _agree(self, digest: bytes, local_error: Optional[BaseException], deadline: Optional[float],
                timeout: Optional[float]) -> List[bytes]:

@@ -9,12 +9,11 @@ send and the receive of one transfer; same-rank pairs are matched strictly by
 from __future__ import annotations
 
 import abc
-import operator
 import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
-from tensorxfer import _core
+from tensorxfer import _arguments, _core
 from tensorxfer.errors import ClosedError
 
 DEFAULT_TIMEOUT = 300.0
@@ -79,32 +78,8 @@ def check_timeout(timeout: Optional[float], operation: str = "CopyService") -> O
     return _core.check_timeout(timeout, operation)
 
 
-def check_rank(value: Any, world_size: int, argument: str) -> int:
-    """``value`` as a rank in ``[0, world_size)``; TypeError/ValueError naming ``argument`` otherwise."""
-    if isinstance(value, bool):
-        raise TypeError(f"{argument}: expected an integer rank, got bool")
-    try:
-        rank = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{argument}: expected an integer rank, got {type(value).__name__}") from None
-    if not 0 <= rank < world_size:
-        raise ValueError(f"{argument}: expected a rank in [0, {world_size}), got {rank}")
-    return rank
-
-
-def check_task_id(value: Any) -> Optional[int]:
-    """``value`` as an int task id or None; TypeError naming ``task_id`` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise TypeError("task_id: expected an integer or None, got bool")
-    try:
-        task_id = operator.index(value)
-    except TypeError:
-        raise TypeError(f"task_id: expected an integer or None, got {type(value).__name__}") from None
-    if not -(2**63) <= task_id < 2**63:
-        raise ValueError(f"task_id: expected a 64-bit signed integer, got {task_id}")
-    return task_id
+check_rank = _arguments.check_rank  # ``value`` as a rank in [0, world_size) (tensorxfer._arguments)
+check_task_id = _arguments.check_task_id  # ``value`` as an int task id or None
 
 
 def group_rank_and_size(group: Any) -> Tuple[int, int]:
@@ -176,6 +151,17 @@ class CopyService(abc.ABC):
     def run(self) -> None:
         """Execute all previously submitted send/recv operations as a single batch."""
 
+    # Megatron's executor (megatron-core's execute_reshard_plan) passes task ids only to
+    # these two, with the id first, as its own services define them; without them a
+    # colocated refit's same-rank ops arrive with no id and cannot be matched.
+    def submit_send_with_id(self, task_id: Optional[int], src_tensor: Any, dest_rank: int) -> None:
+        """``submit_send(src_tensor, dest_rank, task_id)`` in Megatron's argument order."""
+        self.submit_send(src_tensor, dest_rank, task_id)
+
+    def submit_recv_with_id(self, task_id: Optional[int], dest_tensor: Any, src_rank: int) -> None:
+        """``submit_recv(dest_tensor, src_rank, task_id)`` in Megatron's argument order."""
+        self.submit_recv(dest_tensor, src_rank, task_id)
+
     def close(self) -> None:
         """Release backend-owned resources. Default no-op; backends that hold resources override it."""
 
@@ -203,6 +189,10 @@ class CopyService(abc.ABC):
         state = "closed" if self._closed else f"{sends} sends, {recvs} recvs queued"
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, {state})"
 
+
+from tensorxfer.resharding.copy_services._megatron import register_when_megatron_is_imported  # noqa: E402
+
+register_when_megatron_is_imported(CopyService)
 
 __all__ = [
     "DEFAULT_TIMEOUT",

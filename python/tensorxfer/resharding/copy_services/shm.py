@@ -33,10 +33,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int, check_optional_int
 from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _ptracer, _tensors
 from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
-from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, RunProtocol
+from tensorxfer.resharding.copy_services._queue import SubmitQueue
+from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, UNSET, RunProtocol
 from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
 from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER, SendBuffers
 from tensorxfer.resharding.copy_services._shm_plan import ShmPlan, build_shm_plan, published_for_receives
@@ -49,6 +51,11 @@ from tensorxfer.runtime.ipc_memory import IpcMemory
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
+
+
+def remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left until ``deadline`` (a time.monotonic() value; None: no deadline)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
@@ -83,15 +90,11 @@ class ShmCopyService(ForwardsToProtocol):
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  slot_nbytes: int = DEFAULT_SLOT_NBYTES, max_tasks_per_batch: int = 10000,
                  cma_min_bytes: Optional[int] = DEFAULT_CMA_MIN_BYTES, buffer_bytes: int = 0) -> None:
-        if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
-            raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
-        if isinstance(max_tasks_per_batch, bool) or not isinstance(max_tasks_per_batch, int) or max_tasks_per_batch < 1:
-            raise ValueError(f"max_tasks_per_batch: expected an integer >= 1, got {max_tasks_per_batch!r}")
-        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
-            raise ValueError(f"buffer_bytes: expected an integer >= 0, got {buffer_bytes!r}")
-        if cma_min_bytes is not None and (isinstance(cma_min_bytes, bool) or not isinstance(cma_min_bytes, int)
-                                          or cma_min_bytes < 0):
-            raise ValueError(f"cma_min_bytes: expected an integer >= 0 or None, got {cma_min_bytes!r}")
+        # TypeError for a value that is not an integer, ValueError out of range (the README's "Errors").
+        slot_nbytes = check_int(slot_nbytes, "slot_nbytes", minimum=64, multiple_of=64)
+        max_tasks_per_batch = check_int(max_tasks_per_batch, "max_tasks_per_batch", minimum=1)
+        buffer_bytes = check_int(buffer_bytes, "buffer_bytes", minimum=0)
+        cma_min_bytes = check_optional_int(cma_min_bytes, "cma_min_bytes", minimum=0)
         self.slot_nbytes = slot_nbytes
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
@@ -168,6 +171,59 @@ class ShmCopyService(ForwardsToProtocol):
         if self._owns_group:
             self._local.close()
 
+    # ---- persistent plans (tensorxfer.resharding.persistent_plan) --------------------------
+
+    def _build_persistent(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
+                          recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
+                          timeout: Any) -> Tuple[Any, int, Any, Any]:
+        """The native copy lists of a persistent plan of these ops (collective): same-rank
+        pairs, reads from the peers' send buffers, the pipeline's packs and unpacks."""
+        from tensorxfer.resharding import persistent_plan as persistent
+
+        self._check_open("persistent_plan")
+        queue = SubmitQueue(self.backend_name, self.world_size)  # the submits' own checks
+        for task_id, tensor, peer in zip(send_ids, send_tensors, send_peers):
+            queue.submit_send(tensor, peer, task_id)
+        for task_id, tensor, peer in zip(recv_ids, recv_tensors, recv_peers):
+            queue.submit_recv(tensor, peer, task_id)
+        sends, recvs = queue.take()
+
+        def build(tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
+            # Cross-memory attach is not planned: the plan reads peers only through mappings.
+            return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
+                                  self.max_tasks_per_batch, None, self.cma_pairs)
+
+        prepare_timeout = UNSET if timeout is persistent.SERVICE_TIMEOUT else timeout
+        pattern, plan, send_spans, recv_spans = self._protocol.prepare(sends, recvs, build, prepare_timeout)
+        wait = self.timeout if timeout is persistent.SERVICE_TIMEOUT else timeout
+        send_meta, send_dims = persistent.describe_views(sends.tensors)
+        recv_meta, recv_dims = persistent.describe_views(recvs.tensors)
+        send_rows, recv_rows = pattern.sends.remote, pattern.recvs.remote  # remote op -> op index
+        pipe_sends = np.stack([plan.pipe_send_ids, send_rows[plan.pipe_send_local]], axis=1).astype(np.uint64)
+        pipe_recvs = np.stack([plan.pipe_recv_ids, recv_rows[plan.pipe_recv_local]], axis=1).astype(np.uint64)
+        pairs = (np.stack(pattern.pairs, axis=1).astype(np.uint64) if pattern.pairs[0].size
+                 else np.zeros((0, 2), np.uint64))
+        direct = np.zeros((0, 3), np.uint64)
+        if plan.any_direct:
+            remote_sends = pattern.sends.remote_part(sends.tensors, send_spans)[1]
+            with self._group_wait("the direct reads' addresses"):
+                published = self._exchange_direct_addresses(plan, remote_sends.address, remote_sends.nbytes, wait)
+            if plan.direct_recv_ids.size:
+                published = published_for_receives(self.backend_name, plan, published)
+                receives = recv_rows[plan.direct_recv_local]
+                read_nbytes = recv_spans.nbytes[receives].astype(np.uint64)
+                if np.any(published[:, 2] == NOT_IN_BUFFER):
+                    raise RuntimeError(f"{self.backend_name}: a peer planned a direct task outside its send buffer")
+                mapped = self._buffers.peer_addresses(plan.direct_recv_src, published[:, 2], read_nbytes,
+                                                      self.backend_name)
+                direct = np.stack([mapped, receives.astype(np.uint64), read_nbytes], axis=1)
+        pipeline = plan.pipeline if plan.pipeline.num_iterations else None
+        steps = self._executor.build_steps(pipeline, send_meta, send_dims, recv_meta, recv_dims, pipe_sends,
+                                           pipe_recvs, pairs, np.ascontiguousarray(direct), plan.any_direct,
+                                           plan.has_remote_work, None)
+        plan_id = persistent.plan_digest(plan.digests, self._protocol.run_index)
+        return steps, plan_id, self._executor, self._engine
+
     # ---- transport of the shared run() ------------------------------------------------
 
     @contextlib.contextmanager
@@ -182,9 +238,8 @@ class ShmCopyService(ForwardsToProtocol):
                                f"or stalled: {error}") from error
 
     def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._group_wait("the all-gather of the batch's metadata"):
-            return list(self._local.all_gather_bytes(data, remaining))
+            return list(self._local.all_gather_bytes(data, remaining(deadline)))
 
     # ---- planning -----------------------------------------------------------------------
 
@@ -207,7 +262,8 @@ class ShmCopyService(ForwardsToProtocol):
         _, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         if plan.any_direct:
             with self._group_wait("the direct reads"):
-                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes, timeout)
+                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes,
+                                                            remaining(deadline))
             failure: Optional[Exception] = None
             try:
                 self._read_directly(plan, published, recv_addresses, recv_spans.nbytes)
@@ -227,7 +283,8 @@ class ShmCopyService(ForwardsToProtocol):
         try:
             # Its final barrier also tells senders that every cross-memory read is done.
             with self._group_wait("the batch's transfers"):
-                self._executor.execute(plan.pipeline, timeout, self._protocol.run_index)
+                # What is left of the run's one deadline, not the whole timeout again.
+                self._executor.execute(plan.pipeline, remaining(deadline), self._protocol.run_index)
         except BaseException:
             empty = np.zeros(0, np.uint64)
             self._task_memory = None

@@ -156,13 +156,19 @@ class _TorchTransport:
                 if "Timed out" in text or "timed out" in text or "Timeout" in text:
                     waiting_on = "every rank" if peers is None else f"ranks {peers}"
                     raise TimeoutError(
-                        f"{self.backend_name}: rank {self.rank} waited {timeout:g} s for {what} with "
+                        f"{self.backend_name}: rank {self.rank} waited {waited_text(timeout)} for {what} with "
                         f"{waiting_on}; a peer did not call run() or stalled ({text})"
                     ) from error
                 if "closed" in text or "reset" in text or "Broken pipe" in text:
                     raise PeerLostError(f"{self.backend_name}: a peer of rank {self.rank} was lost during "
                                         f"{what}: {text}") from error
                 raise
+
+
+def waited_text(timeout: Optional[float]) -> str:
+    """How long a wait lasted, for a message: ``timeout`` None means no deadline of ours (the
+    process group's own timeout then ended it)."""
+    return "without a deadline (until the process group's own timeout)" if timeout is None else f"{timeout:g} s"
 
 
 __all__ = ["TorchDistributedCopyService"]
