@@ -13,9 +13,10 @@
 #       ON THE LENT MACHINE (driver 580, CUDA 13.0, torch 2.11 in python3 3.12, cmake, ninja, nvcc,
 #       pybind11; nothing fetched): the carried wheels installed under /tmp (--prefix), the core
 #       and the extension built once with CUDA into python/tensorxfer/, then bench/python/bench_gpu.py
-#       (every case in a child process under its own timeout and a 420 s budget). Writes to $OUT:
-#       gpu_bench.md (the table), gpu_bench.json, build.log, cases.log (each case's output), and
-#       bench.log. Under 8 minutes with 16 cores (build about 2). What it printed also goes to stdout.
+#       (every case in a child process under its own timeout; the cases share what is left of
+#       TOTAL_SECONDS=450 after the build, and a case that would start with under 20 s left is skipped,
+#       so the run ends within about 7.5 minutes). Writes to $OUT: gpu_bench.md (the table),
+#       gpu_bench.json, build.log, cases.log (each case's output) and bench.log (what it printed).
 #
 #   scripts/gpu_bench.sh --fake-cuda --quick [bench_gpu.py options]
 #       HERE, without a GPU: the CUDA cases against the fake CUDA runtime (the extension built by
@@ -25,7 +26,9 @@
 #
 # The device tool, from the next session with a lent machine (after `scripts/gpu_bench.sh --prepare`
 # here; build/gpu-carry is the only ignored path that must travel):
-#   run(command="OUT=$OUT bash scripts/gpu_bench.sh", carry=["build/gpu-carry"], timeout_s=540)
+#   run(command="OUT=$OUT bash scripts/gpu_bench.sh", carry=["build/gpu-carry"], timeout_s=500)
+# and, to rerun one case on the same warm machine (the build is kept in /tmp while it stays warm):
+#   run(command="OUT=$OUT bash scripts/gpu_bench.sh --cases replay", carry=["build/gpu-carry"], timeout_s=240)
 set -uo pipefail
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$TOP"
@@ -151,9 +154,11 @@ case $mode in
       tail -n 1 "$OUT/build.log"
       deepspeed=()
       [ -d "$CARRY/deepspeed" ] && deepspeed=(--deepspeed-cache "$CARRY/deepspeed")
-      log "bench_gpu.py ${args[*]}"
+      # The whole run, build included, ends within TOTAL_SECONDS (default 450): the cases get what is left.
+      budget=$(( ${TOTAL_SECONDS:-450} - SECONDS ))
+      log "bench_gpu.py --budget $budget ${args[*]}"
       PYTHONPATH=$TOP/python${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" "$TOP/bench/python/bench_gpu.py" --out "$OUT" \
-        --logs "$OUT/cases.log" "${deepspeed[@]}" "${args[@]}"
+        --logs "$OUT/cases.log" --budget "$budget" "${deepspeed[@]}" "${args[@]}"
     } 2>&1 | tee "$OUT/bench.log"
     exit "${PIPESTATUS[0]}" ;;
 esac

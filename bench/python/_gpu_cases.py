@@ -367,7 +367,7 @@ def pipeline_case(repeats: int, timeout: float) -> Report:
     for process in processes:
         process.start()
     try:
-        outcome = {}
+        outcome: Dict[int, Any] = {}
         deadline = time.monotonic() + timeout
         while len(outcome) < 2:
             try:

@@ -121,3 +121,49 @@ def test_quick_run_end_to_end_with_the_fake_cuda_runtime(tmp_path):
     assert "fake CUDA runtime" in table and "| host collectives |" in table
     assert "| CUDA all-reduce |" in table and "| replay transfer |" in table
     assert (tmp_path / "cases.log").stat().st_size > 0
+
+
+def test_the_gpu_path_calls_tensorxfer_and_torch_as_they_are_declared():
+    """The real-GPU path cannot run here: bind its calls to the signatures it will meet there, so a
+    renamed or reordered parameter fails here instead of on a lent machine."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    from tensorxfer.inference import unified_memory as um
+    from tensorxfer.ipc.replay_pipelines.transfer import TorchCopyReplayTransferBackend, build_replay_transfer_backend
+    from tensorxfer.ipc.replay_pipelines.transfer.cuda_like import CudaLikeReplayTransferBackend
+    from tensorxfer.runtime import CudaCommunicator, LocalGroup
+
+    def binds(function, *args, **kwargs):
+        inspect.signature(function).bind(*args, **kwargs)
+
+    binds(build_replay_transfer_backend, device="cuda", ring_depth=2)
+    binds(TorchCopyReplayTransferBackend, device="cuda", ring_depth=2)
+    for backend in (CudaLikeReplayTransferBackend, TorchCopyReplayTransferBackend):
+        binds(backend.register_host_slots, None, [])
+        binds(backend.allocate_device_slots, None, count=2, shape=(8,), dtype=torch.uint8)
+        binds(backend.submit_h2d, None, slot=0, dst=None, src=None, h2d_bytes=8)
+        binds(backend.synchronize_ready, None, 0)
+    binds(um.create_unified_mempool)
+    binds(um.prefetch_managed_module_parameters, None, device=-1)
+    binds(um.prefetch_managed_tensor, None, device=0)
+    binds(um.advise_managed_tensor_preferred_location, None, device=0)
+    binds(um.advise_managed_tensor_accessed_by, None, device=0)
+    binds(CudaCommunicator, None)
+    binds(CudaCommunicator.all_reduce, None, None)
+    binds(LocalGroup.join, "name", rank=0, world_size=2, timeout=120)
+    binds(torch.cuda.use_mem_pool, None)
+    import bench_cuda_pipeline
+
+    binds(bench_cuda_pipeline._rank, "name", 0, 3, None)
+    assert [size for _, _, size in bench_cuda_pipeline.CASES][-1] == 16 << 20
+
+
+def test_without_a_gpu_the_torch_machine_says_so():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    import _gpu_machines
+
+    with pytest.raises(RuntimeError, match="no GPU"):
+        _gpu_machines.TorchGpu()
