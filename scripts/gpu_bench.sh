@@ -32,7 +32,7 @@
 set -uo pipefail
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$TOP"
-CARRY=$TOP/build/gpu-carry
+CARRY=${GPU_CARRY:-$TOP/build/gpu-carry}  # GPU_CARRY: another carry folder (tests)
 DEEPSPEED_VERSION=${DEEPSPEED_VERSION:-}  # empty: the newest sdist on PyPI
 log() { printf '==> [%4d s] %s\n' "$SECONDS" "$*" >&2; }
 
@@ -91,10 +91,12 @@ device_environment() {  # the carried wheels under a prefix of their own, on PYT
     log "no wheels in build/gpu-carry/wheels (run --prepare here, carry build/gpu-carry): MPI may be missing"
     return 0
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --prefix "$prefix" "$CARRY"/wheels/*.whl ||
-    { log "installing the carried wheels failed: MPI may be missing"; return 0; }
+  # --ignore-installed: into the prefix even where python3 has its own copy (its mpi4py), which stays untouched.
+  python3 -m pip install -q --no-index --no-deps --no-compile --ignore-installed --prefix "$prefix" \
+    "$CARRY"/wheels/*.whl || { log "installing the carried wheels failed: MPI may be missing"; return 0; }
   local site
-  site=$(ls -d "$prefix"/lib/python3*/site-packages | head -n1)
+  site=$(ls -d "$prefix"/lib/python3*/site-packages 2>/dev/null | head -n1)
+  [ -n "$site" ] || { log "the carried wheels left no site-packages under $prefix: MPI may be missing"; return 0; }
   # mpi4py finds libmpi on LD_LIBRARY_PATH; bench_collectives.py finds mpirun on PATH.
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PATH=$prefix/bin:$PATH
   export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -109,6 +111,15 @@ device_build() {  # the core and the extension with CUDA (kernels included), cop
     -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" &&
     cmake --build /tmp/tensorxfer-gpu-bench-build -j"$(nproc)" --target _core &&
     PYTHONPATH=$TOP/python "$python" -c 'from tensorxfer import _core; print("cuda status:", _core.cuda_status())'
+}
+
+deepspeed_cache() {  # DeepSpeed's carried sdist copied into $1, where its op gets built (not into the carry)
+  deepspeed=()
+  if ls "$CARRY"/deepspeed/deepspeed-*.tar.gz >/dev/null 2>&1; then
+    mkdir -p "$1" && cp -u "$CARRY"/deepspeed/deepspeed-*.tar.gz "$1/" && deepspeed=(--deepspeed-cache "$1")
+  else
+    log "no DeepSpeed sdist in build/gpu-carry/deepspeed (run --prepare here): its column is skipped"
+  fi
 }
 
 mode=device
@@ -131,8 +142,7 @@ case $mode in
     mkdir -p "$OUT"
     log "the extension against the fake CUDA runtime (build/fake-cuda, target _core)"
     fake_build "$PYTHON" >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
-    deepspeed=()
-    [ -d "$CARRY/deepspeed" ] && deepspeed=(--deepspeed-cache "$CARRY/deepspeed")
+    deepspeed_cache "$TOP/build/gpu-bench-deepspeed"
     log "bench_gpu.py ${args[*]}"
     exec "$PYTHON" "$TOP/bench/python/bench_gpu.py" --out "$OUT" --logs "$OUT/cases.log" "${deepspeed[@]}" \
       "${args[@]}" ;;
@@ -152,8 +162,7 @@ case $mode in
         tail -n 30 "$OUT/build.log"; log "the build failed"; exit 1
       fi
       tail -n 1 "$OUT/build.log"
-      deepspeed=()
-      [ -d "$CARRY/deepspeed" ] && deepspeed=(--deepspeed-cache "$CARRY/deepspeed")
+      deepspeed_cache /tmp/tensorxfer-gpu-bench-deepspeed
       # The whole run, build included, ends within TOTAL_SECONDS (default 450): the cases get what is left.
       budget=$(( ${TOTAL_SECONDS:-450} - SECONDS ))
       log "bench_gpu.py --budget $budget ${args[*]}"

@@ -341,6 +341,8 @@ def launch_two_ranks(target: Callable[..., None], name: str, config: Dict[str, A
 def _torch_device_name() -> str:
     import torch
 
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False: no GPU (use --fake-cuda to test the script)")
     return torch.cuda.get_device_name(0)
 
 
