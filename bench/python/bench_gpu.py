@@ -66,7 +66,8 @@ QUICK = {"replay_sizes": [1 * MiB], "replay_batches": 4, "repeats": 3,
          "torch_sizes": ["1K", "64K"], "torch_repeats": 2}
 DTYPES = ["float32", "bfloat16"]
 #: Where a persistent refit plan would live once issue 32 lands it: (module, attribute) pairs.
-REFIT_PLAN_CANDIDATES = [("tensorxfer.resharding", "PersistentPlan"), ("tensorxfer.resharding", "RefitPlan"),
+REFIT_PLAN_CANDIDATES = [("tensorxfer.resharding.persistent_plan", "PersistentPlan"),  # issue 32
+                         ("tensorxfer.resharding", "PersistentPlan"), ("tensorxfer.resharding", "RefitPlan"),
                          ("tensorxfer.resharding.copy_services", "PersistentPlan"),
                          ("tensorxfer.resharding.copy_services", "RefitPlan"),
                          ("tensorxfer.resharding.refit", "RefitPlan")]
