@@ -325,6 +325,10 @@ def worker(role: str, index: int, collectors: int, port: int, plan: Dict[str, An
     co.barrier("done")
     if role == "receiver":
         Path(plan["result"]).write_text(json.dumps(results))
+        while int(co.store.add("left", 0)) < collectors:  # the store goes with us: wait until nobody reads it
+            time.sleep(0.001)
+    else:
+        co.store.add("left", 1)
 
 
 # ---- launcher ----------------------------------------------------------------------------------------
