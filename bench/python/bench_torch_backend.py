@@ -274,7 +274,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
 def run_config(args: argparse.Namespace, world: int, hosts: Optional[List[int]], ddp: bool) -> Dict[str, Any]:
     import tensorxfer
-    from tensorxfer.distributed.simulated_hosts import SimulatedHosts
+    from simulated_hosts import SimulatedHosts  # the tests' fixture (tests/python), on sys.path below
 
     package_root = str(Path(tensorxfer.__file__).resolve().parents[1])  # absolute: nsenter changes directory
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
@@ -378,7 +378,8 @@ def add_ddp(report: Any, ddp: Dict[str, Any]) -> None:
 def launcher_main(args: argparse.Namespace) -> int:
     from _report import Report
 
-    from tensorxfer.distributed.simulated_hosts import unavailable_reason
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))  # simulated_hosts
+    from simulated_hosts import unavailable_reason
 
     report = Report("torch.distributed all_reduce: tensorxfer backend vs gloo vs Communicator",
                     {"ranks": args.ranks, "sizes": args.sizes, "repeats": args.repeats, "quick": args.quick})

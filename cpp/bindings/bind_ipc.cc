@@ -175,6 +175,8 @@ void bind_ipc(py::module_& module) {
             return ready_tuple(*ready);
           },
           "-> (slot, tick_id) or None")
+      .def("report_peer_lost", &SlotRing::report_peer_lost, py::arg("message"),
+           "Consumer: the next acquire_ready raises PeerLostError(message) once, taking nothing.")
       .def_property_readonly("last_publish_ns", &SlotRing::last_publish_ns)
       .def(
           "release", [](SlotRing& ring, py::handle slot) { ring.release(slot_argument(ring, slot)); },

@@ -293,6 +293,10 @@ class SlotRing:
         """
     def release(self, slot: typing.Any) -> None:
         ...
+    def report_peer_lost(self, message: str) -> None:
+        """
+        Consumer: the next acquire_ready raises PeerLostError(message) once, taking nothing.
+        """
     def slot_array(self, slot: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint8]:
         """
         The slot's bytes as a uint8 numpy array; keeps the mapping alive.

@@ -54,6 +54,29 @@ def test_demo_cli_runs_and_verifies_every_batch():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_demo_with_remote_collectors_verifies_every_batch_and_counts_them_apart():
+    """One local and two remote collectors (simulated hosts when root): every batch verified,
+    local and remote batches/s reported apart, nothing left in /dev/shm (the autouse check)."""
+    pytest.importorskip("torch", reason="remote collectors need torch (pip install .[torch])")
+    result = run_cli("--batches", "150", "--seconds", "60", "--json", "--collectors", "1",
+                     "--remote-collectors", "2", "--ring-depth", "6", "--batch-rows", "64", "--store-rows", "4096",
+                     "--obs-dim", "16", timeout=150)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["verified"] == summary["batches"] == 150
+    assert summary["local_batches"] > 0 and summary["remote_batches"] > 0
+    assert summary["local_batches"] + summary["remote_batches"] == 150
+    assert summary["local_batches_per_s"] > 0 and summary["remote_batches_per_s"] > 0
+    assert summary["remote_collectors"] == 2
+    assert summary["remote_handoff_latency_us"]["p50"] > 0
+    text = subprocess.run([sys.executable, "-c", "import json, sys; from tensorxfer.demo.replay_demo import "
+                           "format_summary; print(format_summary(json.load(sys.stdin)))"],
+                          input=result.stdout, capture_output=True, text=True, timeout=60)
+    assert "remote" in text.stdout and "batches/s" in text.stdout, text.stderr
+
+
+@pytest.mark.multiprocess
 def test_run_demo_stops_after_batch_limit_and_text_summary():
     from tensorxfer.demo.replay_demo import format_summary, run_demo
 

@@ -268,8 +268,29 @@ void SlotRing::check_consumer(const char* operation) const {
                    "this handle attached as a producer");
 }
 
+void SlotRing::report_peer_lost(std::string message) {
+  check_consumer("SlotRing::report_peer_lost");
+  {
+    std::lock_guard<std::mutex> lock(reports_mutex_);
+    reported_losses_.push_back(std::move(message));
+    loss_reported_.store(true, std::memory_order_relaxed);
+  }
+  control().ready_event.notify_all();  // a consumer waiting now reports it at once
+}
+
+std::optional<std::string> SlotRing::take_reported_loss() {
+  if (!loss_reported_.load(std::memory_order_relaxed)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(reports_mutex_);
+  if (reported_losses_.empty()) return std::nullopt;
+  std::string message = std::move(reported_losses_.front());
+  reported_losses_.pop_front();
+  loss_reported_.store(!reported_losses_.empty(), std::memory_order_relaxed);
+  return message;
+}
+
 std::optional<ReadySlot> SlotRing::try_acquire_ready() {
   check_consumer("SlotRing::acquire_ready");
+  if (auto loss = take_reported_loss()) throw PeerLost(*loss);
   std::lock_guard<std::mutex> lock(mutex_);
   return take_next_locked();
 }
@@ -278,8 +299,10 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout, const sync::
   const auto deadline = deadline_after("SlotRing::acquire_ready", timeout);
   check_consumer("SlotRing::acquire_ready");
   std::optional<ReadySlot> ready;
+  std::optional<std::string> loss;
   const auto status = control().ready_event.await(
       [&] {
+        if ((loss = take_reported_loss())) return true;
         std::lock_guard<std::mutex> lock(mutex_);
         return (ready = take_next_locked()).has_value();
       },
@@ -288,6 +311,7 @@ ReadySlot SlotRing::acquire_ready(std::chrono::nanoseconds timeout, const sync::
         if (hook) hook();
         watch_as_consumer();
       });
+  if (loss) throw PeerLost(*loss);
   if (status == sync::WaitStatus::kReady) return *ready;
   throw Timeout("SlotRing::acquire_ready: nothing was published within " + seconds_text(timeout) +
                 " (ring '" + name() + "', " + std::to_string(live_producers()) + " live producers)");

@@ -30,7 +30,9 @@ class LearnerStats:
     batches: int = 0
     verified: int = 0
     elapsed_s: float = 0.0
-    handoff_ns: List[int] = dataclasses.field(default_factory=list)
+    handoff_ns: List[int] = dataclasses.field(default_factory=list)  # local collectors' batches
+    remote_handoff_ns: List[int] = dataclasses.field(default_factory=list)  # remote ones' (one clock: simulated hosts)
+    per_collector: List[int] = dataclasses.field(default_factory=list)  # batches by collector id
     waiting_handoff_ns: List[int] = dataclasses.field(default_factory=list)
     submit_s: List[float] = dataclasses.field(default_factory=list)
     exposed_wait_s: List[float] = dataclasses.field(default_factory=list)
@@ -46,8 +48,9 @@ class Learner:
 
     def __init__(self, *, ring: Any, store: Any, backend: Any, layout: Any, seed: int,
                  num_collectors: int, use_torch: bool,
-                 collectors_alive: Callable[[], None]) -> None:
-        """``collectors_alive`` raises PeerLostError when a collector has exited; called every batch."""
+                 collectors_alive: Callable[[], None], first_remote: Optional[int] = None) -> None:
+        """``collectors_alive`` raises PeerLostError when a collector has exited; called every batch.
+        Collectors ``first_remote`` and up are remote (their batches are counted apart)."""
         self.ring, self.store, self.backend, self.layout = ring, store, backend, layout
         self.seed, self.num_collectors = seed, num_collectors
         self.collectors_alive = collectors_alive
@@ -71,7 +74,8 @@ class Learner:
         self._torch_weights: Any = None
         self.store_arrays = store.arrays
         self.next_sequence = [0] * num_collectors
-        self.stats = LearnerStats()
+        self.first_remote = num_collectors if first_remote is None else first_remote
+        self.stats = LearnerStats(per_collector=[0] * num_collectors)
 
     # -- measurement helpers -----------------------------------------------------
     def calibrate_transfer(self, repeats: int = 7) -> float:
@@ -108,13 +112,18 @@ class Learner:
                 continue
             except PeerLostError as error:
                 self.collectors_alive()  # names the collector and its exit code when it can
-                raise PeerLostError(f"every collector is gone: {error}") from error
+                lost = "a remote collector is lost" if "remote producer" in str(error) else "every collector is gone"
+                raise PeerLostError(f"{lost}: {error}") from error
             received_ns = time.monotonic_ns()
             last_batch = time.perf_counter()
-            _collector, publish_ns = self._check_header(slot, tick)
-            stats.handoff_ns.append(received_ns - publish_ns)
-            if publish_ns >= wait_begin_ns:  # published while the learner was already waiting
-                stats.waiting_handoff_ns.append(received_ns - publish_ns)
+            collector, publish_ns = self._check_header(slot, tick)
+            stats.per_collector[collector] += 1
+            if collector >= self.first_remote:
+                stats.remote_handoff_ns.append(received_ns - publish_ns)
+            else:
+                stats.handoff_ns.append(received_ns - publish_ns)
+                if publish_ns >= wait_begin_ns:  # published while the learner was already waiting
+                    stats.waiting_handoff_ns.append(received_ns - publish_ns)
             device_slot = stats.batches % self.depth
             # The backend tracks the copy out of each host slot: the slot goes back to
             # the ring once that copy is done.

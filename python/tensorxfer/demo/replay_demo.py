@@ -2,7 +2,11 @@
 
 A replay store (one ``SharedArray`` per field) lives in shared memory.  Two or
 more collector processes (spawn) each sample seeded row indices per tick, pack
-the rows with ``pack_rows`` into a free ring slot and publish it.  The learner
+the rows with ``pack_rows`` into a free ring slot and publish it.  With
+``--remote-collectors N``, N more collectors run as other hosts (each in its own
+IPC and mount namespaces with its own ``/dev/shm`` when this runs as root, else
+plain processes) and feed the same ring over torch.distributed
+(``tensorxfer.ipc.remote``), each from its own copy of the store.  The learner
 takes each batch with ``acquire_ready``, copies it into a device slot through
 the backend from ``build_replay_transfer_backend``, computes on the previous
 batch while the copy runs, and checks every batch against the store.
@@ -43,6 +47,7 @@ class DemoOptions:
     seconds: float = 25.0
     batches: Optional[int] = None
     collectors: int = 2
+    remote_collectors: int = 0
     batch_rows: int = 512
     device: str = "cpu"
     ring_depth: int = 4
@@ -54,8 +59,10 @@ class DemoOptions:
 
     def validate(self) -> None:
         """Raises ValueError naming the first option that is out of range."""
+        local_needed = 2 if self.remote_collectors == 0 else 0
         checks = [("--seconds", self.seconds, self.seconds > 0, "> 0"),
-                  ("--collectors", self.collectors, self.collectors >= 2, ">= 2"),
+                  ("--collectors", self.collectors, self.collectors >= local_needed, f">= {local_needed}"),
+                  ("--remote-collectors", self.remote_collectors, self.remote_collectors >= 0, ">= 0"),
                   ("--batch-rows", self.batch_rows, self.batch_rows >= 1, ">= 1"),
                   ("--ring-depth", self.ring_depth, self.ring_depth >= 2, ">= 2"),
                   ("--store-rows", self.store_rows, self.store_rows >= 1, ">= 1"),
@@ -77,6 +84,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     add("--seconds", type=float, default=defaults.seconds, help="how long the learner runs (default %(default)s)")
     add("--batches", type=int, default=None, help="stop after this many batches (default: time only)")
     add("--collectors", type=int, default=defaults.collectors, help="collector processes (default %(default)s)")
+    add("--remote-collectors", type=int, default=defaults.remote_collectors,
+        help="collectors on simulated other hosts, over torch.distributed (default %(default)s)")
     add("--batch-rows", type=int, default=defaults.batch_rows, help="rows per batch (default %(default)s)")
     add("--device", default=defaults.device, help="learner device, e.g. cpu, cuda:0, xpu, mps (default %(default)s)")
     add("--ring-depth", type=int, default=defaults.ring_depth, help="host and device slots (default %(default)s)")
@@ -172,20 +181,38 @@ def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]],
         cleanup.callback(ring.close)
         cleanup.callback(backend.close)  # again (idempotent): unpin the ring's slots before the ring goes
         use_torch = not isinstance(backend, HostReplayTransferBackend)
-        configs = [CollectorConfig(i, options.collectors, ring.handle, store.handles, options.obs_dim,
+        total = options.collectors + options.remote_collectors
+        configs = [CollectorConfig(i, total, ring.handle, store.handles, options.obs_dim,
                                    options.batch_rows, options.seed) for i in range(options.collectors)]
         collectors = _Collectors(multiprocessing.get_context("spawn"), configs)
+        remote = None
+        if options.remote_collectors:
+            from tensorxfer.demo.remote_hosts import RemoteCollectors
+
+            remote = RemoteCollectors(ring, options, first_id=options.collectors)
+            cleanup.callback(remote.stop)
+
+        def alive() -> None:
+            collectors.check_alive()
+            if remote is not None:
+                remote.check_alive()
+
         learner = Learner(ring=ring, store=store, backend=backend, layout=layout, seed=options.seed,
-                          num_collectors=options.collectors, use_torch=use_torch,
-                          collectors_alive=collectors.check_alive)
+                          num_collectors=total, use_torch=use_torch, collectors_alive=alive,
+                          first_remote=options.collectors)
         learner.calibrate_transfer()
         cleanup.callback(collectors.stop)
         collectors.start()
+        if remote is not None:
+            remote.start()
         if on_started is not None:
-            on_started(collectors.pids)
+            on_started(collectors.pids + (remote.pids if remote is not None else []))
         stats = learner.run(seconds=options.seconds, max_batches=options.batches,
                             stall_timeout_s=options.stall_timeout, on_batch=on_batch)
-        return summarize(stats, options, backend, layout.nbytes, store.nbytes)
+        summary = summarize(stats, options, backend, layout.nbytes, store.nbytes)
+        if remote is not None:
+            summary["remote_hosts"] = remote.isolation
+        return summary
 
 
 def summarize(stats: LearnerStats, options: DemoOptions, backend: Any, batch_nbytes: int,
@@ -194,6 +221,8 @@ def summarize(stats: LearnerStats, options: DemoOptions, backend: Any, batch_nby
     import numpy as np
 
     elapsed = max(stats.elapsed_s, 1e-9)
+    remote_batches = sum(stats.per_collector[options.collectors:])
+    local_batches = stats.batches - remote_batches
     transfer_total = float(np.sum(stats.transfer_s)) if stats.transfer_s else 0.0
     hidden = None if transfer_total <= 0 else float(np.sum(stats.hidden_s)) / transfer_total
     return {
@@ -201,6 +230,11 @@ def summarize(stats: LearnerStats, options: DemoOptions, backend: Any, batch_nby
         "verified": stats.verified,
         "seconds": stats.elapsed_s,
         "batches_per_s": stats.batches / elapsed,
+        "local_batches": local_batches,
+        "local_batches_per_s": local_batches / elapsed,
+        "remote_batches": remote_batches,
+        "remote_batches_per_s": remote_batches / elapsed,
+        "remote_handoff_latency_us": percentiles_us(stats.remote_handoff_ns),
         "gb_per_s": stats.batches * batch_nbytes / elapsed / 1e9,
         "batch_bytes": batch_nbytes,
         "store_bytes": store_nbytes,
@@ -218,6 +252,7 @@ def summarize(stats: LearnerStats, options: DemoOptions, backend: Any, batch_nby
         "backend": type(backend).__name__,
         "host_pinned": bool(getattr(backend, "host_pinned", False)),
         "collectors": options.collectors,
+        "remote_collectors": options.remote_collectors,
         "ring_depth": options.ring_depth,
         "batch_rows": options.batch_rows,
         "seed": options.seed,
@@ -239,6 +274,12 @@ def format_summary(summary: dict) -> str:
         f"ring depth {summary['ring_depth']}, {summary['batch_rows']} rows = {summary['batch_bytes'] / 1024:.1f} KiB "
         "per batch)",
         f"  throughput  {summary['batches_per_s']:.1f} batches/s, {summary['gb_per_s']:.3f} GB/s",
+        *([f"              local {summary['local_batches_per_s']:.1f} batches/s ({summary['local_batches']} batches "
+           f"from {summary['collectors']} collectors), remote {summary['remote_batches_per_s']:.1f} batches/s "
+           f"({summary['remote_batches']} batches from {summary['remote_collectors']} collectors on "
+           f"{summary.get('remote_hosts', 'other hosts')}; handoff p50 "
+           f"{number(summary['remote_handoff_latency_us']['p50'], '.1f')} us)"]
+          if summary["remote_collectors"] else []),
         f"  handoff     p50 {number(latency['p50'], '.1f')} us, p99 {number(latency['p99'], '.1f')} us "
         "(collector publish -> learner acquire_ready, including time queued in the ring)",
         *([f"              p50 {number(waiting['p50'], '.1f')} us, p99 {number(waiting['p99'], '.1f')} us for the "

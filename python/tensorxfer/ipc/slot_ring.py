@@ -336,6 +336,19 @@ class SlotRing(SharedResource):
         """
         self._live().release(slot)
 
+    def report_peer_lost(self, message: str) -> None:
+        """Make the next :meth:`acquire_ready` (or one waiting now) raise
+        ``tensorxfer.PeerLostError(message)`` once, taking nothing. Consumer only; thread-safe.
+
+        For a relay that publishes into this ring on behalf of producers the ring
+        cannot watch itself (:class:`tensorxfer.ipc.RemoteProducers` reports a lost
+        remote producer this way): the learner hears of the loss within its wait,
+        and its next call goes on with the slots and producers that remain.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, got {type(message).__name__}")
+        self._live().report_peer_lost(message)
+
     # ---- views ----------------------------------------------------------------
 
     def slot_array(self, slot: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from conftest import torch_or_skip
 torch = torch_or_skip()
 
 import torch_backend_workers as workers  # noqa: E402
-from tensorxfer.distributed.simulated_hosts import SimulatedHosts, unavailable_reason  # noqa: E402
+from simulated_hosts import SimulatedHosts, unavailable_reason  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]

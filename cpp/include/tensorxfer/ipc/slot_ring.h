@@ -43,6 +43,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -103,6 +104,12 @@ class SlotRing {
   ReadySlot acquire_ready(std::chrono::nanoseconds timeout, const sync::WaitHook& hook = {});
   // Consumer only: like acquire_ready without waiting; nullopt if nothing is ready.
   [[nodiscard]] std::optional<ReadySlot> try_acquire_ready();
+  // Consumer only, thread-safe: makes the next acquire_ready / try_acquire_ready
+  // (or one waiting now) throw PeerLost(message) instead of returning a slot,
+  // once per report, taking nothing from the ring. For a relay that publishes
+  // on behalf of producers the ring cannot watch itself (remote producers): it
+  // reports one of them lost, and the consumer's next call after that goes on.
+  void report_peer_lost(std::string message);
   // Consumer only: gives a slot obtained from acquire_ready back to the producers.
   // Throws InvalidArgument if out of range or not held by the consumer.
   void release(uint32_t slot);
@@ -177,6 +184,8 @@ class SlotRing {
   void resolve_gaps_locked();
   bool sequence_claimed_by_live_producer(uint64_t sequence) const;
   void watch_as_consumer();
+  // Consumer: the oldest report_peer_lost() message not yet thrown, if any.
+  std::optional<std::string> take_reported_loss();
   // Producer steps.
   void watch_as_producer();
   // Both: marks dead producers and frees the slots they held for writing.
@@ -198,6 +207,11 @@ class SlotRing {
   uint64_t skipped_sequences_ = 0;
   std::atomic<bool> closed_{false};  // relaxed suffices: a flag checked between steps
   mutable std::mutex mutex_;  // serialises this object's producer and consumer steps
+  // report_peer_lost(): relaxed suffices for the flag (a hint read on every
+  // acquire_ready); the messages themselves are read under reports_mutex_.
+  std::atomic<bool> loss_reported_{false};
+  std::mutex reports_mutex_;
+  std::deque<std::string> reported_losses_;
 };
 
 }  // namespace tensorxfer::ipc

@@ -2,7 +2,9 @@
 
 Ranks enter a host with ``nsenter``; they share the network (the TCP store on
 127.0.0.1) but not shared memory with the other hosts. Needs root. Used by
-the backend's tests and ``bench/python/bench_torch_backend.py``.
+the torch backend's and the remote ring's tests, and by ``bench/python/bench_torch_backend.py`` and
+``bench/python/bench_replay_hosts.py`` (which put ``tests/python`` on ``sys.path``). A test
+fixture: it is not part of the installed package.
 """
 
 from __future__ import annotations
