@@ -31,18 +31,24 @@ def _describe(minimum: Optional[int], maximum: Optional[int], multiple_of: Optio
     return text
 
 
+def _integer(value: Any, argument: str, expected: str) -> int:
+    """``value`` as an int (``operator.index``); TypeError naming ``argument`` and ``expected`` for
+    anything else, bool included."""
+    if isinstance(value, bool):
+        raise TypeError(f"{argument}: expected {expected}, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{argument}: expected {expected}, got {type(value).__name__}") from None
+
+
 def check_int(value: Any, argument: str, minimum: Optional[int] = None, maximum: Optional[int] = None,
               multiple_of: Optional[int] = None) -> int:
     """``value`` as an int in [minimum, maximum] (a bound of None: unbounded), a multiple of
     ``multiple_of`` if given. TypeError for a non-integer (bool included), ValueError out of
     range, both naming ``argument``."""
     expected = _describe(minimum, maximum, multiple_of)
-    if isinstance(value, bool):
-        raise TypeError(f"{argument}: expected {expected}, got bool")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{argument}: expected {expected}, got {type(value).__name__}") from None
+    number = _integer(value, argument, expected)
     if ((minimum is not None and number < minimum) or (maximum is not None and number > maximum)
             or (multiple_of is not None and number % multiple_of)):
         raise ValueError(f"{argument}: expected {expected}, got {number}")
@@ -62,12 +68,7 @@ def check_optional_int(value: Any, argument: str, minimum: Optional[int] = None,
 
 def check_rank(value: Any, world_size: int, argument: str) -> int:
     """``value`` as a rank in [0, world_size) (the messages the native submits give too)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{argument}: expected an integer rank, got bool")
-    try:
-        rank = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{argument}: expected an integer rank, got {type(value).__name__}") from None
+    rank = _integer(value, argument, "an integer rank")
     if not 0 <= rank < world_size:
         raise ValueError(f"{argument}: expected a rank in [0, {world_size}), got {rank}")
     return rank
@@ -77,12 +78,7 @@ def check_task_id(value: Any, argument: str = "task_id") -> Optional[int]:
     """A task id: None or a 64-bit signed integer (the messages the native submits give too)."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"{argument}: expected an integer or None, got bool")
-    try:
-        task_id = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{argument}: expected an integer or None, got {type(value).__name__}") from None
+    task_id = _integer(value, argument, "an integer or None")
     if not INT64_MIN <= task_id <= INT64_MAX:
         raise ValueError(f"{argument}: expected a 64-bit signed integer, got {task_id}")
     return task_id

@@ -16,12 +16,11 @@ it happened. The process group itself lives in
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
-from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any
+
+from tensorxfer._after_import import call_after_import, call_warning_on_failure
 
 BACKEND_NAME = "tensorxfer"
 _TRIGGER_MODULE = "torch"
@@ -68,69 +67,15 @@ def is_registered() -> bool:
     return bool(_registered and plugins is not None and BACKEND_NAME.upper() in plugins)
 
 
-class _RegisterAfterImport(importlib.abc.Loader):
-    """Runs the real loader of torch, then registers the backend."""
-
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)  # type: ignore[attr-defined]
-        _remove_import_hook()
-        try:
-            register()
-        except Exception as error:  # registration must never break `import torch`
-            import warnings
-
-            warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
-                          RuntimeWarning, stacklevel=2)
-
-
-class _TorchDistributedHook(importlib.abc.MetaPathFinder):
-    """A meta-path finder that only wraps the loader of ``torch``."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != _TRIGGER_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _RegisterAfterImport(spec.loader)
-                return spec
-        return None
-
-
-_hook: Optional[_TorchDistributedHook] = None
-
-
-def _remove_import_hook() -> None:
-    global _hook
-    if _hook is not None and _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
-    _hook = None
+_FAILURE = "could not register the torch.distributed backend"
 
 
 def register_when_torch_distributed_is_imported() -> None:
     """Registers now if torch is imported, else once it is (called by ``import tensorxfer``)."""
-    global _hook
     if _TRIGGER_MODULE in sys.modules and "torch.distributed" in sys.modules:
-        try:
-            register()
-        except Exception as error:  # never break `import tensorxfer`
-            import warnings
-
-            warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
-                          RuntimeWarning, stacklevel=2)
-        return
-    if _hook is None:
-        _hook = _TorchDistributedHook()
-        sys.meta_path.insert(0, _hook)
+        call_warning_on_failure(register, _FAILURE)  # never break `import tensorxfer`
+    else:
+        call_after_import(_TRIGGER_MODULE, register, _FAILURE)  # nor `import torch`
 
 
 def register_from_torch_import() -> None:
@@ -139,13 +84,7 @@ def register_from_torch_import() -> None:
     torch.distributed is imported by then, so this registers at once. It never
     raises: torch would turn the error into a failed ``import torch``.
     """
-    try:
-        register()
-    except Exception as error:  # noqa: BLE001
-        import warnings
-
-        warnings.warn(f"tensorxfer: could not register the torch.distributed backend: {error!r}",
-                      RuntimeWarning, stacklevel=2)
+    call_warning_on_failure(register, _FAILURE)
 
 
 def __getattr__(name: str) -> Any:

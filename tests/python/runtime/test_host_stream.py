@@ -64,12 +64,7 @@ def test_enqueue_returns_before_the_copy_is_done():
     work still runs, so none of them waited for its copy. (A ratio of enqueue time to copy time
     failed under load in CI: 3.4 ms of enqueueing against 10 ms of copies.)"""
     pairs = [big_pair(seed=i) for i in range(3)]
-    blocker_stream, stream, ready = HostStream(None), HostStream(None), HostEvent()
-    blocker_src, blocker_dst = big_pair(4 * BIG)
-    for _ in range(8):
-        blocker_stream.enqueue_copy(blocker_dst, blocker_src)
-    blocker_stream.record(ready)
-    stream.wait_event(ready)
+    blocker_stream, stream, ready, _keep = _busy_stream()
     for src, dst in pairs:
         stream.enqueue_copy(dst, src)
     assert not ready.query(), "the 2 GiB blocker finished before 3 enqueues returned"
@@ -114,18 +109,19 @@ def test_stream_keeps_enqueued_tensors_alive_until_done():
 
 
 def _busy_stream():
-    """A stream whose next task waits behind 8 copies of 256 MiB (~0.1-1 s) on another stream."""
+    """A stream whose next task waits behind 8 copies of 256 MiB (~0.1-1 s) on another stream: both
+    streams, the other stream's event the first waits for, and the blocker's buffers."""
     blocker_stream, stream, ready = HostStream(None), HostStream(None), HostEvent()
     blocker_src, blocker_dst = big_pair(4 * BIG)
     for _ in range(8):
         blocker_stream.enqueue_copy(blocker_dst, blocker_src)
     blocker_stream.record(ready)
     stream.wait_event(ready)
-    return blocker_stream, stream, (blocker_src, blocker_dst)
+    return blocker_stream, stream, ready, (blocker_src, blocker_dst)
 
 
 def test_queued_copy_holds_the_buffer_export_of_its_tensors():
-    blocker_stream, stream, _keep = _busy_stream()
+    blocker_stream, stream, _ready, _keep = _busy_stream()
     expected = bytes(range(256)) * 64
     src = bytearray(expected)
     dst = bytearray(len(expected))
@@ -148,7 +144,7 @@ def test_queued_copy_holds_the_buffer_export_of_its_tensors():
 
 
 def test_dropping_the_last_reference_to_a_queued_buffer_is_safe():
-    blocker_stream, stream, _keep = _busy_stream()
+    blocker_stream, stream, _ready, _keep = _busy_stream()
     expected = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
     dst = np.zeros(len(expected), np.uint8)
     src = bytearray(expected)
