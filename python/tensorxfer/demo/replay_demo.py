@@ -202,9 +202,12 @@ def run_demo(options: DemoOptions, *, on_started: Optional[Callable[[List[int]],
                           first_remote=options.collectors)
         learner.calibrate_transfer()
         cleanup.callback(collectors.stop)
-        collectors.start()
+        # The remote collectors first: they take seconds to start and connect (and hold their
+        # credits in the ring once they have), while the local ones fill the ring at once; in the
+        # other order a short run under load was over before any remote batch arrived.
         if remote is not None:
             remote.start()
+        collectors.start()
         if on_started is not None:
             on_started(collectors.pids + (remote.pids if remote is not None else []))
         stats = learner.run(seconds=options.seconds, max_batches=options.batches,
