@@ -20,9 +20,10 @@ remote ops (see :class:`Mover`).
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -123,17 +124,26 @@ class RunProtocol:
         died; a failed transfer or copy; KeyboardInterrupt) leaves this rank's
         peers unable to finish the batch, so the service cannot run again.
         """
-        if self.broken is not None:
-            raise RuntimeError(f"{self.backend_name}.run(): an earlier run failed ({self.broken}); close this service")
-        timeout = self.timeout if timeout is UNSET else check_timeout(timeout, f"{self.backend_name}.run")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline, timeout = self._begin(f"{self.backend_name}.run()", "run", timeout)
         sends, recvs = take()
-        try:
+        with self._breaks_unless_agreed():
             self._run(sends, recvs, deadline, timeout)
+
+    def _begin(self, caller: str, operation: str, timeout: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
+        """Refuses a broken service (naming ``caller``); the call's timeout and its one deadline."""
+        if self.broken is not None:
+            raise RuntimeError(f"{caller}: an earlier run failed ({self.broken}); close this service")
+        timeout = self.timeout if timeout is UNSET else check_timeout(timeout, f"{self.backend_name}.{operation}")
+        return (None if timeout is None else time.monotonic() + timeout), timeout
+
+    @contextlib.contextmanager
+    def _breaks_unless_agreed(self) -> Iterator[None]:
+        """A failure inside breaks the service, unless every rank agreed on it (``_agreed_error``):
+        peers may be waiting on this rank, requests may still be posted into user memory."""
+        try:
+            yield
         except BaseException as error:
             if error is not self._agreed_error:
-                # Peers may be waiting on this rank, requests may still be posted into
-                # user memory: this service cannot run again.
                 self.mark_broken(error)
             raise
         finally:
@@ -194,18 +204,9 @@ class RunProtocol:
         """The agreement and a new plan of ``sends`` / ``recvs`` (``build_plan(tables,
         digests)``), without moving anything (collective; a persistent plan's build).
         Raises as run() does, and breaks the service as run() does."""
-        if self.broken is not None:
-            raise RuntimeError(f"{self.backend_name}: an earlier run failed ({self.broken}); close this service")
-        timeout = self.timeout if timeout is UNSET else check_timeout(timeout, f"{self.backend_name}.plan")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        deadline, timeout = self._begin(self.backend_name, "plan", timeout)
+        with self._breaks_unless_agreed():
             return self._prepare(sends, recvs, build_plan, deadline, timeout, cached=False)
-        except BaseException as error:
-            if error is not self._agreed_error:
-                self.mark_broken(error)
-            raise
-        finally:
-            self._agreed_error = None
 
     def mark_broken(self, error: BaseException) -> None:
         """After a failure the ranks did not agree on: this service cannot run again."""
