@@ -1,5 +1,7 @@
 #include "tensorxfer/resharding/ipc_double_buffers.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "tensorxfer/common/check.h"
@@ -34,10 +36,18 @@ IpcDoubleBuffers::IpcDoubleBuffers(collectives::IpcMemory& memory, group::LocalG
 }
 
 void IpcDoubleBuffers::set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook) {
-  timeout_ = timeout;
+  const auto now = std::chrono::steady_clock::now();
+  // A timeout beyond what the clock can add is no deadline.
+  deadline_.reset();
+  if (timeout < std::chrono::steady_clock::time_point::max() - now) deadline_ = now + timeout;
   hook_ = std::move(hook);
 }
 
-void IpcDoubleBuffers::barrier() { group_.barrier(timeout_, hook_); }
+void IpcDoubleBuffers::barrier() {
+  if (!deadline_) return group_.barrier(std::chrono::nanoseconds::max(), hook_);
+  const auto left = *deadline_ - std::chrono::steady_clock::now();
+  group_.barrier(std::max(std::chrono::duration_cast<std::chrono::nanoseconds>(left), std::chrono::nanoseconds{0}),
+                 hook_);
+}
 
 }  // namespace tensorxfer::resharding

@@ -157,8 +157,9 @@ class PersistentPlan:
         """Moves every task once (collective), in place; returns the version that landed.
 
         ``version``: this run's weight version, the same on every rank (default: the last
-        plus 1, from 0). ``timeout``: seconds to wait for the peers (default: the service's;
-        None: no deadline, still watching the peers and Ctrl-C).
+        plus 1, from 0). ``timeout``: seconds the whole run may wait for its peers, one deadline
+        for all of its barriers (default: the service's; None: no deadline, still watching the
+        peers and Ctrl-C).
         Raises PersistentPlanError naming ``landed_version`` when the run fails; the plan
         cannot run again then. ClosedError after close().
         """

@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int
 from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory, create_and_map, typed_view
 
 #: Default bytes per chunk (each of the two staging windows per rank), the same for
@@ -64,12 +65,6 @@ def _checked_spin(spin_us: Any) -> Optional[float]:
     if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or not (0 <= float(spin_us) <= 1e6):
         raise ValueError(f"Communicator: spin_us must be None or in [0, 1e6], got {spin_us!r}")
     return float(spin_us)
-
-
-def _checked_size(value: Any, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"Communicator: {name} must be an int >= 0, got {value!r}")
-    return value
 
 
 class Communicator:
@@ -105,8 +100,8 @@ class Communicator:
         sizes: dict = {}
 
         def region_nbytes() -> int:  # checked inside the exchange: a bad argument fails every rank
-            chunk = default_max_bytes(world) if max_bytes is None else _checked_size(max_bytes, "max_bytes")
-            buffer = chunk if buffer_bytes is None else _checked_size(buffer_bytes, "buffer_bytes")
+            chunk = default_max_bytes(world) if max_bytes is None else check_int(max_bytes, "max_bytes", minimum=0)
+            buffer = chunk if buffer_bytes is None else check_int(buffer_bytes, "buffer_bytes", minimum=0)
             _checked_spin(spin_us)
             sizes.update(max_bytes=chunk, buffer_bytes=buffer)
             return int(_core.communicator_required_nbytes(chunk, buffer, world))

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory
 
@@ -68,8 +69,7 @@ class CudaCommunicator:
 
     def __init__(self, group: GroupLike, max_bytes: int = DEFAULT_MAX_BYTES, *, device: str = "cuda",
                  timeout: float = DEFAULT_TIMEOUT) -> None:
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 8:
-            raise ValueError(f"CudaCommunicator: max_bytes must be an int >= 8, got {max_bytes!r}")
+        max_bytes = check_int(max_bytes, "max_bytes", minimum=8)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e6:
             raise ValueError(f"CudaCommunicator: timeout must be a number of seconds in (0, 1e6], got {timeout!r}")
         torch = cuda_torch("CudaCommunicator")

@@ -25,7 +25,6 @@ is removed when the last member closes the group or exits.
 
 from __future__ import annotations
 
-import numbers
 import os
 import secrets
 import socket
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int, check_rank
 from tensorxfer._resource import SharedResource
 
 __all__ = ["DEFAULT_MAX_GATHER_NBYTES", "GroupHandle", "LocalGroup"]
@@ -49,16 +49,6 @@ class GroupHandle:
 
     name: str
     world_size: int
-
-
-def _check_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value >= high):
-        bounds = f"be in [{low}, {high})" if high is not None else f"be >= {low}"
-        raise ValueError(f"{name} must {bounds}, got {value}")
-    return value
 
 
 def _check_name(name: Any) -> str:
@@ -129,8 +119,8 @@ class LocalGroup(SharedResource):
         ``tensorxfer.PeerLostError`` when a rank that had joined died.
         """
         name = _check_name(name)
-        world_size = _check_int(world_size, "world_size", 1, _core.LocalGroup.max_world_size + 1)
-        rank = _check_int(rank, "rank", 0, world_size)
+        world_size = check_int(world_size, "world_size", 1, _core.LocalGroup.max_world_size)
+        rank = check_rank(rank, world_size, "rank")
         return cls(_core.LocalGroup.join(name, rank, world_size, timeout))
 
     @classmethod
@@ -236,7 +226,7 @@ class LocalGroup(SharedResource):
         it, and the group stays usable. Otherwise raises like :meth:`barrier`.
         """
         self._ensure_open()
-        max_nbytes = _check_int(max_nbytes, "max_nbytes", 0)
+        max_nbytes = check_int(max_nbytes, "max_nbytes", minimum=0)
         if not isinstance(data, bytes):
             if not isinstance(data, (bytearray, memoryview)):
                 raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}")
@@ -248,7 +238,7 @@ class LocalGroup(SharedResource):
     def rank_alive(self, rank: int) -> bool:
         """True while ``rank`` is a member (joined, not closed, its process alive)."""
         self._ensure_open()
-        return bool(self._native.rank_alive(_check_int(rank, "rank", 0, self.world_size)))
+        return bool(self._native.rank_alive(check_rank(rank, self.world_size, "rank")))
 
     def check_peers(self) -> None:
         """Raises ``tensorxfer.PeerLostError`` naming the first rank that died or closed the group."""

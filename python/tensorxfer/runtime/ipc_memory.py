@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int, check_rank
 from tensorxfer.errors import ClosedError, TensorxferError
 
 
@@ -230,15 +231,15 @@ class IpcMemory:
         ``device`` is ``"cpu"``, ``"cuda:N"`` (this rank's region on GPU N) or
         ``"cuda"`` (torch's current GPU when torch has CUDA, else the extension
         runtime's current one); ``timeout`` (seconds, None = no limit) bounds the
-        exchange. Raises ``ValueError`` for bad arguments,
+        exchange. Raises ``TypeError`` for an ``nbytes`` that is not an integer, ``ValueError`` for
+        other bad arguments,
         ``tensorxfer.UnsupportedError`` for ``"cuda"`` without CUDA,
         ``tensorxfer.PeerLostError`` when a rank died during the exchange.
         """
         def size() -> int:  # checked inside the exchange, so a bad argument fails every rank
-            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-                raise ValueError(f"IpcMemory.create: nbytes must be an int >= 0, got {nbytes!r}")
+            checked = check_int(nbytes, "nbytes", minimum=0)
             _device_argument(device)  # ValueError for anything but cpu, cuda, cuda:N
-            return nbytes
+            return checked
 
         kind = str(device).split(":")[0]  # each rank may name its own GPU: the kind must agree
         return cls(create_and_map("IpcMemory.create", group, size, device, timeout,
@@ -301,9 +302,8 @@ class IpcMemory:
         """
         if self.closed:
             raise ClosedError("IpcMemory is closed")
-        if not 0 <= int(rank) < self.num_workers:
-            raise ValueError(f"IpcMemory.buffer: rank must be in [0, {self.num_workers}), got {rank}")
-        return typed_view(self._native.region(int(rank)), dtype, shape, "IpcMemory.buffer")
+        rank = check_rank(rank, self.num_workers, "rank")
+        return typed_view(self._native.region(rank), dtype, shape, "IpcMemory.buffer")
 
     def close(self) -> None:
         """Unmap every region (views made by :meth:`buffer` keep theirs alive). Idempotent.

@@ -20,6 +20,7 @@ import pytest
 
 from tensorxfer.resharding.copy_services import ShmCopyService
 from tensorxfer.resharding.copy_services import _ptracer
+from tensorxfer.resharding.copy_services._shm_mover import ShmMover
 from tensorxfer.runtime import LocalGroup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,7 @@ def _one_sided_read_failure(name, rank, world):
     with LocalGroup.join(name, rank=rank, world_size=world, timeout=60) as group, \
             ShmCopyService(group, timeout=TIMEOUT, buffer_bytes=1 << 20, cma_min_bytes=None) as service:
         if rank == 1:
-            original = ShmCopyService._read_directly
+            original = ShmMover._read_directly
             calls = []
 
             def failing_once(self, *args, **kwargs):
@@ -57,7 +58,7 @@ def _one_sided_read_failure(name, rank, world):
                     raise OSError(14, "Bad address (a failed cross-memory read)")
                 return original(self, *args, **kwargs)
 
-            ShmCopyService._read_directly = failing_once  # type: ignore[method-assign]
+            ShmMover._read_directly = failing_once  # type: ignore[method-assign]
         peer = 1 - rank
         source = service.buffer(np.uint8, (4096,))
         outcomes = []
@@ -145,7 +146,7 @@ def _failing_constructor(name, rank, world):
         return memory
 
     ipc_memory.IpcMemory.create = recording  # type: ignore[method-assign]
-    import tensorxfer.resharding.copy_services.shm as shm_module
+    import tensorxfer.resharding.copy_services._shm_mover as shm_module
 
     shm_module.IpcMemory.create = recording  # type: ignore[method-assign]
     if rank == 1:

@@ -3,6 +3,8 @@ that failed before its fix; and the package's one argument-check module."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -97,7 +99,7 @@ def _stalls_twice(name, rank, world):
         service.submit_send(source, 1 - rank, rank)
         service.submit_recv(target, 1 - rank, 1 - rank)
         if rank == 1:
-            service._executor = _SlowExecutor(service._executor, 1.2)
+            service._mover.executor = _SlowExecutor(service._mover.executor, 1.2)
             time.sleep(1.2)
         start = time.monotonic()
         try:
@@ -122,3 +124,88 @@ def test_shm_run_keeps_one_deadline():
     error, seconds = got[0]
     assert error == "TimeoutError", got
     assert 1.8 <= seconds < 3.0, got
+
+
+def test_send_ops_assigned_before_the_base_init_are_queued():
+    """A subclass that assigns its queued ops before calling the base ``__init__`` (as the
+    reference's own services keep their lists): the QueueAttribute descriptor dropped every
+    assignment made before the queue existed, and run() copied nothing."""
+    from tensorxfer.resharding.copy_services import LocalCopyService, RecvOp, SendOp
+
+    source, target = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+
+    class Prefilled(LocalCopyService):
+        def __init__(self) -> None:
+            self.send_ops = [SendOp(7, source, 0)]
+            self.recv_ops = [RecvOp(7, target, 0)]
+            super().__init__()
+
+    service = Prefilled()
+    assert [op.task_id for op in service.send_ops] == [7]
+    service.run()
+    np.testing.assert_array_equal(target, source)
+
+
+@pytest.mark.parametrize("send_ids,recv_ids,message", [
+    ([None], [1], "requires a task_id to match sends with recvs"),
+    ([1, 2], [1], "unmatched local ops on rank 0: 2 local sends vs 1 local recvs"),
+    ([1, 1], [1, 2], "unmatched local ops on rank 0: 2 local sends vs 2 local recvs"),
+    ([1, 3], [3, 2], "missing local send for task_id=2 on rank 0"),
+])
+def test_same_rank_mismatches_are_task_mismatch_errors(send_ids, recv_ids, message):
+    """Same-rank pairs go through the one matcher and raise its one error type (they raised
+    a plain RuntimeError from a second, Python matcher); the messages are DESIGN.md's."""
+    from tensorxfer.resharding.copy_services import LocalCopyService, TaskMismatchError, match_local_ops_by_task_id
+    from tensorxfer.resharding.copy_services.base import RecvOp, SendOp
+
+    with pytest.raises(TaskMismatchError, match=message):
+        match_local_ops_by_task_id([SendOp(i, None, 0) for i in send_ids], [RecvOp(i, None, 0) for i in recv_ids],
+                                   "Backend", 0)
+    service = LocalCopyService()
+    for task_id in send_ids:
+        service.submit_send(np.zeros(2, np.float32), 0, task_id)
+    for task_id in recv_ids:
+        service.submit_recv(np.zeros(2, np.float32), 0, task_id)
+    with pytest.raises(TaskMismatchError, match=message):
+        service.run()
+
+
+def test_same_rank_pairs_come_back_in_receive_order():
+    from tensorxfer.resharding.copy_services import match_local_ops_by_task_id
+    from tensorxfer.resharding.copy_services.base import RecvOp, SendOp
+
+    sends = [SendOp(task_id, None, 0) for task_id in (5, -2, 9, 1 << 40)]
+    recvs = [RecvOp(task_id, None, 0) for task_id in (9, 1 << 40, 5, -2)]
+    pairs = match_local_ops_by_task_id(sends, recvs, "Backend", 0)
+    assert [(send.task_id, recv.task_id) for send, recv in pairs] == [(9, 9), (1 << 40, 1 << 40), (5, 5), (-2, -2)]
+    assert all(recv is recvs[i] for i, (_, recv) in enumerate(pairs))
+
+
+@pytest.mark.multiprocess
+def test_the_local_backend_imports_no_message_executor():
+    """LocalCopyService imported the mpi / torch backends' message executor through the
+    forwarding chain; a backend holds only its own steps."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tensorxfer.resharding.copy_services.local as local; local.LocalCopyService(); "
+            "print(sorted(m for m in sys.modules if m.endswith(('_messages', '_shm_mover', '_forwarding'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_runtime_integer_arguments_follow_the_package_rules(tmp_path):
+    """runtime/ reads its integers with _arguments: a value that is not an integer is a
+    TypeError (Communicator and IpcMemory raised ValueError), one out of range a ValueError,
+    both naming the argument."""
+    from tensorxfer.runtime import Communicator, IpcMemory, LocalGroup
+
+    with LocalGroup.join(f"arguments-{os.getpid()}", rank=0, world_size=1) as group:
+        with pytest.raises(TypeError, match=r"^nbytes: expected an integer >= 0, got float$"):
+            IpcMemory.create(group, 64.0)
+        with pytest.raises(TypeError, match=r"^max_bytes: expected an integer >= 0, got str$"):
+            Communicator(group, max_bytes="64")
+        with pytest.raises(ValueError, match=r"^buffer_bytes: expected an integer >= 0, got -1$"):
+            Communicator(group, buffer_bytes=-1)
+        with pytest.raises(TypeError, match=r"^max_nbytes: expected an integer >= 0, got float$"):
+            group.all_gather_bytes(b"x", max_nbytes=1.0)

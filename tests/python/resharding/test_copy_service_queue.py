@@ -17,22 +17,34 @@ from hypothesis import strategies as st
 
 from tensorxfer.errors import ClosedError
 from tensorxfer.resharding.copy_services import RecvOp, SendOp, _tensors
-from tensorxfer.resharding.copy_services._queue import QueueAttribute, SubmitQueue, bind_submits
-from tensorxfer.resharding.copy_services.base import CopyService
+from tensorxfer.resharding.copy_services._queue import SubmitQueue
+from tensorxfer.resharding.copy_services._service import QueuedCopyService
 
 
-class Recorder(CopyService):
-    """A copy service over 4 ranks holding a SubmitQueue, whose run() returns the columns it took."""
+class RecordingRun:
+    """A run that keeps the (task ids, tensors, ranks) of the sends and receives it was handed."""
+
+    plans_built = 0
+
+    def __init__(self) -> None:
+        self.taken = None
+
+    def run(self, take, timeout):
+        self.taken = tuple(tuple(columns[:3]) for columns in take())
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(QueuedCopyService):
+    """A copy service over 4 ranks, whose run() returns the columns its queue handed the run."""
 
     backend_name = "Recorder"
-    send_ops = QueueAttribute("send_ops")
-    recv_ops = QueueAttribute("recv_ops")
 
     def __init__(self) -> None:
         super().__init__()
         self.world_size = 4
-        self._queue = SubmitQueue(self.backend_name, self.world_size)
-        bind_submits(self, self._queue)
+        self._compose(SubmitQueue(self.backend_name, self.world_size), RecordingRun())
 
     @property
     def host_only(self) -> bool:
@@ -42,20 +54,10 @@ class Recorder(CopyService):
     def host_only(self, value: bool) -> None:
         self._queue.host_only = value
 
-    def submit_send(self, src_tensor, dest_rank, task_id=None):  # type: ignore[override]
-        self._queue.submit_send(src_tensor, dest_rank, task_id)
-
-    def submit_recv(self, dest_tensor, src_rank, task_id=None):  # type: ignore[override]
-        self._queue.submit_recv(dest_tensor, src_rank, task_id)
-
     def run(self):  # type: ignore[override]
         """(task ids, tensors, ranks) of the sends and of the receives the queue hands run()."""
-        self._check_open("run")
-        return tuple(tuple(columns[:3]) for columns in self._queue.take())
-
-    def close(self) -> None:
-        self._queue.close()
-        self._closed = True
+        super().run()
+        return self._steps.taken
 
 
 class Tagged(np.ndarray):
@@ -99,7 +101,9 @@ def test_send_ops_and_recv_ops_are_the_documented_lists():
     assert queue.recv_ops == [RecvOp(11, b, 2)] and type(queue.recv_ops[0]) is RecvOp
     queue.submit_send(c, 3, None)  # lands in the list already handed out, as a SendOp
     assert queue.send_ops is view and view[-1] == SendOp(None, c, 3) and type(view[-1]) is SendOp
-    view[0].tensor = b  # what the user edits there is what run() gets
+    view[0].tensor = c  # an op read from it is a value: changing it queues nothing
+    assert view[0] == SendOp(10, a, 1)
+    view[0] = SendOp(10, b, 1)  # what the user writes there is what run() gets
     view.pop()
     queue.recv_ops.clear()
     sends, recvs = queue.run()
@@ -248,8 +252,9 @@ def test_repr_counts_the_queue_without_turning_it_into_dataclasses():
                                            "assign"]),
                           st.integers(0, 6), st.integers(0, 3), st.integers(-5, 50)), max_size=25))
 def test_send_ops_behaves_as_the_list_it_documents(steps):
-    """Whatever a caller does to send_ops (list operations, edits of an op just read from it,
-    submits in between), run() executes exactly what a plain list of SendOp would hold."""
+    """Whatever a caller does to send_ops (list operations, submits in between), run() executes
+    exactly what a plain list of SendOp would hold; an op read from it is a copy (the columns
+    are the queue's only store), so changing one changes nothing queued."""
     queue = Recorder()
     tensors = [np.full(3, k, np.uint8) for k in range(7)]
     model: list = []
@@ -279,11 +284,10 @@ def test_send_ops_behaves_as_the_list_it_documents(steps):
         elif action == "set":
             view[position] = op
             model[position] = op
-        elif action == "edit":  # an op read from the list is the queued op
-            view[position].tensor = tensors[index]
-            view[position].dest_rank = rank
-            model[position].tensor = tensors[index]
-            model[position].dest_rank = rank
+        elif action == "edit":  # an op read from the list is a value: changing it queues nothing
+            read = view[position]
+            read.tensor = tensors[index]
+            read.dest_rank = rank
         elif action == "del_slice":
             del view[position:position + 2]
             del model[position:position + 2]

@@ -66,11 +66,11 @@ def test_arguments_are_checked_naming_the_argument():
         LocalGroup.join("", rank=0, world_size=1)
     with pytest.raises(ValueError, match="name must be 1..200 bytes"):
         LocalGroup.join("é" * 101, rank=0, world_size=1)
-    with pytest.raises(TypeError, match="rank must be an int"):
+    with pytest.raises(TypeError, match="^rank: expected an integer rank, got bool$"):
         LocalGroup.join("x", rank=True, world_size=1)
-    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"^rank: expected a rank in \[0, 2\), got 2$"):
         LocalGroup.join("x", rank=2, world_size=2)
-    with pytest.raises(ValueError, match=r"world_size must be in \[1, 1025\), got 0"):
+    with pytest.raises(ValueError, match=r"^world_size: expected an integer in \[1, 1024\], got 0$"):
         LocalGroup.join("x", rank=0, world_size=0)
     with pytest.raises(TypeError, match="LocalGroup.join: timeout must be None"):
         LocalGroup.join("x", rank=0, world_size=1, timeout="1")
@@ -81,7 +81,7 @@ def test_arguments_are_checked_naming_the_argument():
     with LocalGroup.join(unique_name("args"), rank=0, world_size=1) as group:
         with pytest.raises(TypeError, match="data must be bytes-like"):
             group.all_gather_bytes("text")
-        with pytest.raises(ValueError, match=r"rank must be in \[0, 1\)"):
+        with pytest.raises(ValueError, match=r"^rank: expected a rank in \[0, 1\), got 1$"):
             group.rank_alive(1)
 
 

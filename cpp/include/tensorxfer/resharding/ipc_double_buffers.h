@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 
 #include "tensorxfer/collectives/ipc_memory.h"
 #include "tensorxfer/group/local_group.h"
@@ -23,7 +24,10 @@ class IpcDoubleBuffers final : public DoubleBuffers {
   // The bytes one rank's region needs for slots of `slot_nbytes` (overflow-checked).
   static std::size_t region_nbytes(std::size_t slot_nbytes);
 
-  // What barrier() waits with until changed (default: no deadline, no hook).
+  // Starts a call's wait: every barrier() until the next set_wait shares one deadline,
+  // `timeout` from now (nanoseconds::max(): none), and runs `hook` while it waits. A
+  // call that barriers many times (a pipeline, a persistent run) waits at most
+  // `timeout` in all, not `timeout` per barrier. Default: no deadline, no hook.
   void set_wait(std::chrono::nanoseconds timeout, sync::WaitHook hook);
 
   std::size_t slot_nbytes() const noexcept override { return slot_nbytes_; }
@@ -45,7 +49,7 @@ class IpcDoubleBuffers final : public DoubleBuffers {
   collectives::IpcMemory& memory_;
   group::LocalGroup& group_;
   std::size_t slot_nbytes_;
-  std::chrono::nanoseconds timeout_ = std::chrono::nanoseconds::max();
+  std::optional<std::chrono::steady_clock::time_point> deadline_;  // none: wait forever
   sync::WaitHook hook_;
 };
 

@@ -25,6 +25,8 @@ from tensorxfer.ipc.pack import default_copy_engine
 from tensorxfer.resharding.copy_services import _tensors, planning
 from tensorxfer.resharding.copy_services.planning import coalescing
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
+from tensorxfer.resharding.copy_services._run_protocol import RunProtocol
+from tensorxfer.resharding.copy_services.base import check_timeout
 from tensorxfer._arguments import check_int
 
 # One message as the transport posts it: (peer, tag, contiguous tensor, address, nbytes).
@@ -142,6 +144,19 @@ class MessageExecutor:
             buffer = self.transport.new_staging(nbytes, like)
             plan.staging[(kind, peer)] = buffer
         return buffer
+
+
+def message_run(backend_name: str, rank: int, world_size: int, transport: Any, timeout: Any,
+                options: Dict[str, Any]) -> RunProtocol:
+    """The run of a message backend (mpi, torch): a RunProtocol whose mover is a
+    MessageExecutor over ``transport`` (``options``: the window options). Collective:
+    the ranks compare the options; the transport then watches the peers."""
+    timeout = check_timeout(timeout, f"{backend_name}(timeout=...)")
+    messages = MessageExecutor(backend_name, rank, transport, **options)
+    protocol = RunProtocol(backend_name, rank, world_size, messages.gather, messages.plan_options(), timeout)
+    protocol.mover = messages
+    transport.watch = protocol.watch
+    return protocol
 
 
 def poll_until_done(test_all: Callable[[List[Any]], bool], abandon: Callable[[List[Any]], None],

@@ -18,8 +18,8 @@ memory it let go; its bytes are read (sends) or written (receives) during run().
 
 ``send_ops`` / ``recv_ops`` are the documented lists of ``SendOp`` /
 ``RecvOp``: :class:`QueuedOps` shows the columns as such a list. What a caller
-changes there (clears it, edits an op it read from it, assigns a new list) is
-what ``run()`` executes; ops changed there are described again by run().
+writes there (sets or deletes an entry, clears it, assigns a new list) is what
+``run()`` executes; an op read from it is a value (changing it queues nothing).
 """
 
 from __future__ import annotations
@@ -110,12 +110,7 @@ class SubmitQueue:
 
     def take(self) -> Tuple[Columns, Columns]:
         """The queued sends and receives, leaving the queue empty."""
-        self.send_ops._write_back()
-        self.recv_ops._write_back()
-        taken = Columns(*self._sides[SendOp].take()), Columns(*self._sides[RecvOp].take())
-        self.send_ops._forget()
-        self.recv_ops._forget()
-        return taken
+        return Columns(*self._sides[SendOp].take()), Columns(*self._sides[RecvOp].take())
 
     def close(self) -> None:
         """Drops the queued ops; later submits raise tensorxfer.ClosedError."""
@@ -171,25 +166,14 @@ class SubmitQueue:
 
 class QueuedOps(MutableSequence):  # type: ignore[type-arg]
     """``send_ops`` / ``recv_ops``: one direction of a SubmitQueue seen as a list of
-    SendOp / RecvOp. An op read from it stays linked to its entry (its edits are
-    what run() executes) until the list's length changes by a removal or an
-    insertion other than an append; run() empties the list."""
+    SendOp / RecvOp. The columns are the only store: reading gives a new op (a
+    value: changing it changes nothing queued), writing (``[i] = op``, ``del``,
+    ``insert``, ``append``, ``clear``, assigning a list) changes the columns; run()
+    empties them."""
 
     def __init__(self, queue: SubmitQueue, op_type: type) -> None:
         self._queue = queue
         self._op_type = op_type
-        self._linked: Dict[int, Op] = {}  # entry -> the op object handed out for it
-
-    def _forget(self) -> None:
-        self._linked = {}
-
-    def _write_back(self) -> None:
-        """Copies the linked ops' fields into the columns (ranks as the op type names them)."""
-        ids, tensors, ranks = self._queue.columns(self._op_type)
-        for index, op in self._linked.items():
-            if op.tensor is not tensors[index]:
-                self._changed()
-            ids[index], tensors[index], ranks[index] = op.task_id, op.tensor, _peer(op)
 
     def _changed(self) -> None:
         """The columns changed other than by appending: run() describes the tensors anew."""
@@ -205,18 +189,14 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
     def __getitem__(self, index: slice) -> List[Op]: ...
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
         ids, tensors, ranks = self._queue.columns(self._op_type)
+        if isinstance(index, slice):
+            return [self._op_type(*entry) for entry in zip(ids[index], tensors[index], ranks[index])]
         position = range(len(ids))[index]  # IndexError as a list raises it
-        op = self._linked.get(position)
-        if op is None:
-            op = self._linked[position] = self._op_type(ids[position], tensors[position], ranks[position])
-        return op
+        return self._op_type(ids[position], tensors[position], ranks[position])
 
     def __setitem__(self, index: Any, op: Any) -> None:
         if isinstance(index, slice):
-            self._write_back()
             items = list(self)
             items[index] = op
             self._replace(items)
@@ -224,36 +204,28 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
         ids, tensors, ranks = self._queue.columns(self._op_type)
         position = range(len(ids))[index]
         ids[position], tensors[position], ranks[position] = op.task_id, op.tensor, _peer(op)
-        self._linked[position] = op
         self._changed()
 
     def __delitem__(self, index: Any) -> None:
-        self._write_back()
         for column in self._queue.columns(self._op_type):
             del column[index]
         self._changed()
-        self._forget()
 
     def insert(self, index: int, op: Op) -> None:
         if index >= len(self):
             self.append(op)
             return
-        self._write_back()
         ids, tensors, ranks = self._queue.columns(self._op_type)
         ids.insert(index, op.task_id)
         tensors.insert(index, op.tensor)
         ranks.insert(index, _peer(op))
         self._changed()
-        self._forget()
 
     def append(self, op: Op) -> None:
-        side = self._queue.side(self._op_type)
-        self._linked[len(side.ids)] = op
-        side.append(op.task_id, op.tensor, _peer(op))
+        self._queue.side(self._op_type).append(op.task_id, op.tensor, _peer(op))
 
     def clear(self) -> None:
         self._queue.side(self._op_type).clear()
-        self._forget()
 
     def _replace(self, ops: Iterable[Op]) -> None:
         self.clear()
@@ -271,29 +243,4 @@ def _peer(op: Op) -> int:
     return op.dest_rank if isinstance(op, SendOp) else op.src_rank
 
 
-def bind_submits(service: Any, queue: SubmitQueue) -> None:
-    """Makes ``service.submit_send`` / ``submit_recv`` the queue's own methods (a step
-    submits thousands of ops: no call in between; the class's methods say the same)."""
-    service.submit_send = queue.submit_send
-    service.submit_recv = queue.submit_recv
-
-
-class QueueAttribute:
-    """``send_ops`` / ``recv_ops`` of a service that holds a SubmitQueue as ``_queue``:
-    reads give the QueuedOps, an assignment replaces the queued ops with the list's."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, service: Any, owner: Any = None) -> Any:
-        if service is None:
-            return self
-        return getattr(service._queue, self.name)
-
-    def __set__(self, service: Any, ops: Iterable[Op]) -> None:
-        queue = service.__dict__.get("_queue")
-        if queue is not None:  # before the queue exists (CopyService.__init__), nothing is queued
-            getattr(queue, self.name)._replace(list(ops))
-
-
-__all__ = ["Columns", "QueueAttribute", "QueuedOps", "SubmitQueue", "bind_submits"]
+__all__ = ["Columns", "QueuedOps", "SubmitQueue"]

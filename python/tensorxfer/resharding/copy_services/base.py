@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from tensorxfer import _arguments, _core
 from tensorxfer.errors import ClosedError
 
@@ -50,26 +52,37 @@ def match_local_ops_by_task_id(
     """Pair same-rank send/recv ops by task_id, raising on any mismatch.
 
     Returns ``(send_op, recv_op)`` tuples in receive order. Either op may be a
-    backend-local wrapper exposing ``.task_id``. Raises ``RuntimeError``,
-    checked in this order: a ``None`` task id on either side; different counts
-    or a duplicate send id; a receive whose task id no send has.
+    backend-local wrapper exposing ``.task_id``. The pairing is the one matcher
+    the remote pairs go through (``resharding/task_matcher.h``). Raises
+    ``TaskMismatchError`` (a ``RuntimeError``), checked in this order: a ``None``
+    task id on either side; different counts or a duplicate id; a receive whose
+    task id no send has.
     """
-    if any(op.task_id is None for op in local_sends) or any(op.task_id is None for op in local_recvs):
-        raise RuntimeError(f"{backend_name}: local (same-rank) transfer requires a task_id to match sends with recvs")
-    sends_by_id = {op.task_id: op for op in local_sends}
-    duplicate_id = len(sends_by_id) != len(local_sends) or len({op.task_id for op in local_recvs}) != len(local_recvs)
-    if len(local_sends) != len(local_recvs) or duplicate_id:
-        raise RuntimeError(
-            f"{backend_name}: unmatched local ops on rank {rank}: "
-            f"{len(local_sends)} local sends vs {len(local_recvs)} local recvs"
-        )
-    pairs = []
-    for recv in local_recvs:
-        send = sends_by_id.get(recv.task_id)
-        if send is None:
-            raise RuntimeError(f"{backend_name}: missing local send for task_id={recv.task_id} on rank {rank}")
-        pairs.append((send, recv))
-    return pairs
+    send_ids = [op.task_id for op in local_sends]
+    recv_ids = [op.task_id for op in local_recvs]
+    if any(task_id is None for task_id in send_ids) or any(task_id is None for task_id in recv_ids):
+        raise TaskMismatchError(f"{backend_name}: local (same-rank) transfer requires a task_id to match sends "
+                                "with recvs")
+    unmatched = TaskMismatchError(f"{backend_name}: unmatched local ops on rank {rank}: {len(send_ids)} local sends "
+                                  f"vs {len(recv_ids)} local recvs")
+    if len(send_ids) != len(recv_ids):
+        raise unmatched
+    if not recv_ids:
+        return []
+    # The matcher's task ids: each id's rank among all ids (it compares them, nothing else).
+    keys, dense = np.unique(np.array(send_ids + recv_ids, np.int64), return_inverse=True)
+    endpoints = np.zeros((dense.size, 4), np.int64)  # (task, nbytes, src, dst): sizes are checked apart
+    endpoints[:, 0] = dense.reshape(-1)
+    endpoints[:, 2:] = rank
+    problem, _, recv_index, _, pairs = _core.find_task_pairs(endpoints[:len(send_ids)], endpoints[len(send_ids):])
+    if problem in ("duplicate_send", "duplicate_receive"):
+        raise unmatched
+    if problem:  # with as many sends as receives and no duplicate, a receive has no send
+        sent = set(send_ids)
+        missing = next(task_id for task_id in recv_ids if task_id not in sent)
+        raise TaskMismatchError(f"{backend_name}: missing local send for task_id={missing} on rank {rank}")
+    in_receive_order = pairs[np.argsort(pairs[:, 1], kind="stable")]
+    return [(local_sends[int(send)], local_recvs[int(recv)]) for send, recv in in_receive_order]
 
 
 def check_timeout(timeout: Optional[float], operation: str = "CopyService") -> Optional[float]:
@@ -136,8 +149,11 @@ class CopyService(abc.ABC):
             self.rank = rank
         if not isinstance(getattr(type(self), "world_size", None), property):
             self.world_size = world_size
-        self.send_ops: List[SendOp] = []
-        self.recv_ops: List[RecvOp] = []
+        # A subclass holding its ops elsewhere (a property) keeps what it holds.
+        if not isinstance(getattr(type(self), "send_ops", None), property):
+            self.send_ops: List[SendOp] = []
+        if not isinstance(getattr(type(self), "recv_ops", None), property):
+            self.recv_ops: List[RecvOp] = []
 
     @abc.abstractmethod
     def submit_send(self, src_tensor: Any, dest_rank: int, task_id: Optional[int] = None) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 
 from tensorxfer.resharding.copy_services.base import CopyService
 
-# name -> (module, class). A new backend is one entry here.
+# name -> (module, class), each class built as cls(group, **options). A new backend is one entry here.
 BACKENDS: Dict[str, Tuple[str, str]] = {
     "local": ("tensorxfer.resharding.copy_services.local", "LocalCopyService"),
     "mpi": ("tensorxfer.resharding.copy_services.mpi", "MpiCopyService"),
@@ -31,12 +31,6 @@ def build_copy_service(backend: str, group: Any = None, **options: Any) -> CopyS
     if entry is None:
         raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
     module_name, class_name = entry
-    service_class = getattr(importlib.import_module(module_name), class_name)
-    if backend.lower() == "local":
-        if options:
-            raise TypeError(f"LocalCopyService takes no options, got {sorted(options)}")
-        return service_class(group)
-    return service_class(group, **options) if backend.lower() != "mpi" else service_class(comm=group, **options)
-
+    return getattr(importlib.import_module(module_name), class_name)(group, **options)
 
 __all__ = ["BACKENDS", "build_copy_service"]

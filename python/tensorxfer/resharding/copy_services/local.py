@@ -8,45 +8,29 @@ the submit queue, the matching and the copies are those of the other backends.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.copy_services._pattern import OpPattern, pattern_for
-from tensorxfer.resharding.copy_services._forwarding import ForwardsToQueue
+from tensorxfer.resharding.copy_services._queue import Columns, SubmitQueue
+from tensorxfer.resharding.copy_services._service import QueuedCopyService
 
 
-class LocalCopyService(ForwardsToQueue):
-    """Same-process copies by task id.
+class LocalRun:
+    """The run of one process: the same-rank pairs, matched and copied (no peers, no plan)."""
 
-    ``group``: None means world size 1, rank 0; a torch.distributed process
-    group (or the default one, when initialized and ``group`` is None) gives
-    this process's rank in it, but only ops to and from that same rank are
-    accepted (ValueError otherwise).
-    """
+    plans_built = 0
 
-    backend_name = "LocalCopyService"
-    requires_process_group_barrier = False  # nothing crosses processes
-
-    def __init__(self, group: Any = None) -> None:
-        super().__init__(group)
-        # Tensors on a device are copied by torch.
-        self._hold_queue(host_only=False, peers=(self.rank, self.rank + 1),
-                         same_rank_message=f"LocalCopyService copies within rank {self.rank} only")
+    def __init__(self, backend_name: str, rank: int) -> None:
+        self.backend_name = backend_name
+        self.rank = rank
         self._pattern: Optional[OpPattern] = None
 
-    def close(self) -> None:
-        """Drops the queued ops; later calls raise tensorxfer.ClosedError."""
-        self._closed = True
-        self._queue.close()
-
-    def run(self) -> None:
-        """Copy every queued send into the receive of the same task id, then clear the queue.
-
-        Raises RuntimeError from match_local_ops_by_task_id, or TaskMismatchError
-        when a pair differs in byte size; nothing is copied then.
-        """
-        self._check_open("run")
-        sends, recvs = self._queue.take()
+    def run(self, take: Callable[[], Tuple[Columns, Columns]], timeout: Optional[float]) -> None:
+        """Copies every queued send into the receive of the same task id (``timeout``: unused,
+        nothing waits). Raises TaskMismatchError (match_local_ops_by_task_id's, or a pair
+        of different byte sizes); nothing is copied then."""
+        sends, recvs = take()
         pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
         self._pattern = pattern if pattern.match_error is None else None
         if pattern.match_error is not None:
@@ -59,5 +43,33 @@ class LocalCopyService(ForwardsToQueue):
         if pattern.pairs[0].size:
             _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
 
+    def close(self) -> None:
+        self._pattern = None
 
-__all__ = ["LocalCopyService"]
+
+class LocalCopyService(QueuedCopyService):
+    """Same-process copies by task id.
+
+    ``group``: None means world size 1, rank 0; a torch.distributed process
+    group (or the default one, when initialized and ``group`` is None) gives
+    this process's rank in it, but only ops to and from that same rank are
+    accepted (ValueError otherwise). ``run()`` copies every queued send into the
+    receive of the same task id, then clears the queue; it raises
+    TaskMismatchError (match_local_ops_by_task_id's, or a pair of different byte
+    sizes) and copies nothing then.
+    """
+
+    backend_name = "LocalCopyService"
+    requires_process_group_barrier = False  # nothing crosses processes
+
+    def __init__(self, group: Any = None, **options: Any) -> None:
+        if options:
+            raise TypeError(f"LocalCopyService takes no options, got {sorted(options)}")
+        super().__init__(group)
+        # Tensors on a device are copied by torch.
+        queue = SubmitQueue(self.backend_name, self.world_size, host_only=False, peers=(self.rank, self.rank + 1),
+                            same_rank_message=f"LocalCopyService copies within rank {self.rank} only")
+        self._compose(queue, LocalRun(self.backend_name, self.rank))
+
+
+__all__ = ["LocalCopyService", "LocalRun"]

@@ -13,9 +13,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import Posting, poll_until_done
+from tensorxfer.resharding.copy_services._messages import Posting, message_run, poll_until_done
+from tensorxfer.resharding.copy_services._queue import SubmitQueue
+from tensorxfer.resharding.copy_services._service import QueuedCopyService
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
@@ -29,7 +30,7 @@ def _mpi() -> Any:
     return MPI
 
 
-class MpiCopyService(ForwardsToProtocol):
+class MpiCopyService(QueuedCopyService):
     """Batched send/recv by task id over an mpi4py communicator.
 
     ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
@@ -54,12 +55,16 @@ class MpiCopyService(ForwardsToProtocol):
             raise TypeError(f"comm: expected an mpi4py intracommunicator or None, got {type(comm).__name__}")
         super().__init__(comm)
         self._transport = _MpiTransport(MPI, comm, self.rank, self.world_size)
-        self._hold_message_steps(self._transport, timeout, options)
+        queue = SubmitQueue(self.backend_name, self.world_size)
+        self._protocol = message_run(self.backend_name, self.rank, self.world_size, self._transport, timeout, options)
+        self.timeout = self._protocol.timeout
+        self._compose(queue, self._protocol)
 
     def close(self) -> None:
         """Free the private communicator; later calls raise tensorxfer.ClosedError."""
-        self._transport.free(unless_broken=self._protocol.broken is not None)
-        self._close_steps()
+        if not self._closed:
+            self._transport.free(unless_broken=self._protocol.broken is not None)
+        super().close()
 
 
 class _MpiTransport:

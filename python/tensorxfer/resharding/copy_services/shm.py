@@ -25,37 +25,24 @@ Host tensors only (numpy arrays, CPU torch tensors).
 
 from __future__ import annotations
 
-import contextlib
-import time
-from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from tensorxfer import _core
 from tensorxfer._arguments import check_int, check_optional_int
-from tensorxfer.ipc.pack import default_copy_engine
-from tensorxfer.resharding.copy_services import _ptracer, _tensors
-from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
 from tensorxfer.resharding.copy_services._queue import SubmitQueue
-from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, UNSET, RunProtocol
-from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
-from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER, SendBuffers
+from tensorxfer.resharding.copy_services._run_protocol import UNSET, RunProtocol
+from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER
+from tensorxfer.resharding.copy_services._service import QueuedCopyService
+from tensorxfer.resharding.copy_services._shm_mover import ShmMover
 from tensorxfer.resharding.copy_services._shm_plan import ShmPlan, build_shm_plan, published_for_receives
-from tensorxfer.errors import PeerLostError
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT, check_timeout
 from tensorxfer.runtime.group import LocalGroup
-from tensorxfer.runtime.ipc_memory import IpcMemory
 
 #: Bytes of one pipeline slot (each rank maps two send and two receive slots).
 DEFAULT_SLOT_NBYTES = 4 << 20
 #: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
 DEFAULT_CMA_MIN_BYTES = 1 << 20
-
-
-def remaining(deadline: Optional[float]) -> Optional[float]:
-    """Seconds left until ``deadline`` (a time.monotonic() value; None: no deadline)."""
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
@@ -71,7 +58,7 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
     return LocalGroup.from_torch(group, timeout=timeout), True
 
 
-class ShmCopyService(ForwardsToProtocol):
+class ShmCopyService(QueuedCopyService):
     """Batched send/recv among the ranks of one host through shared memory.
 
     ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
@@ -84,6 +71,7 @@ class ShmCopyService(ForwardsToProtocol):
     """
 
     backend_name = "ShmCopyService"
+    _mover: ShmMover
     # run() ends with the executor's group barrier whenever any rank moved bytes.
     requires_process_group_barrier = False
 
@@ -99,40 +87,44 @@ class ShmCopyService(ForwardsToProtocol):
         self.max_tasks_per_batch = max_tasks_per_batch
         self.cma_min_bytes = cma_min_bytes
         self.buffer_bytes = buffer_bytes
-        self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
-        self._memory: Optional[IpcMemory] = None
-        self._task_memory: Optional[Tuple[np.ndarray, ...]] = None  # what the executor's task maps hold
-        self._ptracer_grant: Optional[int] = None
-        self._pids: List[int] = []
         local, self._owns_group = as_local_group(group, timeout)
         self._local = local
         try:
             super().__init__(group)
             self.rank, self.world_size = local.rank, local.world_size
-            self._hold_queue()
             self.timeout = check_timeout(timeout, f"{self.backend_name}(timeout=...)")
+            queue = SubmitQueue(self.backend_name, self.world_size)
+            self._mover = ShmMover(self.backend_name, local, slot_nbytes, max_tasks_per_batch, cma_min_bytes,
+                                   buffer_bytes)
             # Compares the plan-shaping options on every rank before anything is mapped.
-            self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._gather,
-                                         self._plan_options(), self.timeout, on_broken=self._on_broken)
-            self._protocol.mover = SimpleNamespace(send_flags=self._buffers_send_flags, build_plan=self._build_plan,
-                                                   execute=self._execute)
-            self._engine = default_copy_engine()
-            pipeline_nbytes = int(_core.pipeline_region_nbytes(slot_nbytes))
-            # Each rank's region: the pipeline's slots, then (page aligned) its send buffer.
-            self._buffers = SendBuffers(pipeline_nbytes, buffer_bytes, self.rank)
-            self._memory = IpcMemory.create(local, self._buffers.offset + buffer_bytes, timeout=timeout)
-            self._buffers.memory = self._memory
-            self._executor = _core.PipelineExecutor(self._memory._native, local._native, slot_nbytes, self._engine)
-            self.cma_pairs, self._pids, self._ptracer_grant = probe_cross_memory_attach(
-                local, self.cma_min_bytes is not None, timeout)
+            self._protocol = RunProtocol(self.backend_name, self.rank, self.world_size, self._mover.gather,
+                                         self._mover.plan_options(), self.timeout, on_broken=self._on_broken)
+            self._protocol.mover = self._mover
+            self._mover.open(self._protocol, timeout)
+            self._compose(queue, self._protocol)
         except BaseException:
             # Released now, not by the collector: peers waiting on this rank see it leave.
             self._release()
             raise
 
-    def _plan_options(self) -> Dict[str, Optional[int]]:
-        return {"slot_nbytes": self.slot_nbytes, "max_tasks_per_batch": self.max_tasks_per_batch,
-                "cma_min_bytes": self.cma_min_bytes, "buffer_bytes": self.buffer_bytes}
+    @property
+    def cma_pairs(self) -> np.ndarray:
+        """cma_pairs[src, dst]: whether rank dst may read rank src's memory by cross-memory attach."""
+        return self._mover.cma_pairs
+
+    @property
+    def buffer_tasks_read(self) -> int:
+        """Tasks received straight from a peer's send buffer, in all runs."""
+        return self._mover.buffer_tasks_read
+
+    @property
+    def _pids(self) -> List[int]:
+        return self._mover.pids
+
+    @property
+    def _shm_mover(self) -> ShmMover:
+        assert self._mover is not None, "made in __init__"
+        return self._mover
 
     def buffer(self, dtype: Any, shape: Any) -> Any:
         """A view of this rank's shared send buffer: numpy for a numpy dtype, torch for a torch dtype.
@@ -146,21 +138,18 @@ class ShmCopyService(ForwardsToProtocol):
         Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
-        return self._buffers.view(dtype, shape)
+        return self._mover.buffers.view(dtype, shape)
 
     def close(self) -> None:
         """Unmaps the slots, takes back the ptrace permission and (if this service made
         it) leaves the group."""
         if not self._closed:
             self._release()
-            self._close_steps()
+            super().close()
 
     def _release(self) -> None:
-        self.__dict__.pop("_executor", None)  # the native executor before the memory it points into
-        if self._memory is not None:
-            self._memory.close()
-        _ptracer.release(self._ptracer_grant)
-        self._ptracer_grant = None
+        if "_mover" in self.__dict__:
+            self._mover.release()
         if self._owns_group:
             self._local.close()
 
@@ -191,7 +180,7 @@ class ShmCopyService(ForwardsToProtocol):
         def build(tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
             # Cross-memory attach is not planned: the plan reads peers only through mappings.
             return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
-                                  self.max_tasks_per_batch, None, self.cma_pairs)
+                                  self.max_tasks_per_batch, None, self._mover.cma_pairs)
 
         prepare_timeout = UNSET if timeout is persistent.SERVICE_TIMEOUT else timeout
         pattern, plan, send_spans, recv_spans = self._protocol.prepare(sends, recvs, build, prepare_timeout)
@@ -206,134 +195,23 @@ class ShmCopyService(ForwardsToProtocol):
         direct = np.zeros((0, 3), np.uint64)
         if plan.any_direct:
             remote_sends = pattern.sends.remote_part(sends.tensors, send_spans)[1]
-            with self._group_wait("the direct reads' addresses"):
-                published = self._exchange_direct_addresses(plan, remote_sends.address, remote_sends.nbytes, wait)
+            with self._mover.group_wait("the direct reads' addresses"):
+                published = self._mover.exchange_direct_addresses(plan, remote_sends.address, remote_sends.nbytes, wait)
             if plan.direct_recv_ids.size:
                 published = published_for_receives(self.backend_name, plan, published)
                 receives = recv_rows[plan.direct_recv_local]
                 read_nbytes = recv_spans.nbytes[receives].astype(np.uint64)
                 if np.any(published[:, 2] == NOT_IN_BUFFER):
                     raise RuntimeError(f"{self.backend_name}: a peer planned a direct task outside its send buffer")
-                mapped = self._buffers.peer_addresses(plan.direct_recv_src, published[:, 2], read_nbytes,
+                mapped = self._mover.buffers.peer_addresses(plan.direct_recv_src, published[:, 2], read_nbytes,
                                                       self.backend_name)
                 direct = np.stack([mapped, receives.astype(np.uint64), read_nbytes], axis=1)
         pipeline = plan.pipeline if plan.pipeline.num_iterations else None
-        steps = self._executor.build_steps(pipeline, send_meta, send_dims, recv_meta, recv_dims, pipe_sends,
+        steps = self._mover.executor.build_steps(pipeline, send_meta, send_dims, recv_meta, recv_dims, pipe_sends,
                                            pipe_recvs, pairs, np.ascontiguousarray(direct), plan.any_direct,
                                            plan.has_remote_work, None)
         plan_id = persistent.plan_digest(plan.digests, self._protocol.run_index)
-        return steps, plan_id, self._executor, self._engine
-
-    # ---- transport of the shared run() ------------------------------------------------
-
-    @contextlib.contextmanager
-    def _group_wait(self, what: str) -> Any:
-        """Says which service, rank and step a group wait failed in."""
-        try:
-            yield
-        except PeerLostError as error:
-            raise PeerLostError(f"{self.backend_name}: a peer of rank {self.rank} was lost during {what}: {error}") from error
-        except TimeoutError as error:
-            raise TimeoutError(f"{self.backend_name}: rank {self.rank} timed out in {what}; a peer did not call run() "
-                               f"or stalled: {error}") from error
-
-    def _gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
-        with self._group_wait("the all-gather of the batch's metadata"):
-            return list(self._local.all_gather_bytes(data, remaining(deadline)))
-
-    # ---- planning -----------------------------------------------------------------------
-
-    def _buffers_send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
-        return self._buffers.send_flags(spans, rows)
-
-    def _build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
-        return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,
-                              self.max_tasks_per_batch, self.cma_min_bytes, self.cma_pairs)
-
-    # ---- execution ----------------------------------------------------------------------
-
-    def _execute(self, plan: Any, send_tensors: Sequence[Any], send_spans: _tensors.Spans,
-                 recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
-                 timeout: Optional[float]) -> None:
-        # Sources as they are now (non-contiguous ones copied once); destinations as
-        # the copies see them (non-contiguous ones staged, copied back at the end).
-        kept_alive, send_addresses = _tensors.sources_as_now(send_tensors, send_spans)  # read until the end
-        # (staging tensors live in `pending` until copied back)
-        _, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
-        if plan.any_direct:
-            with self._group_wait("the direct reads"):
-                published = self._exchange_direct_addresses(plan, send_addresses, send_spans.nbytes,
-                                                            remaining(deadline))
-            failure: Optional[Exception] = None
-            try:
-                self._read_directly(plan, published, recv_addresses, recv_spans.nbytes)
-            except Exception as error:  # agreed below: no rank goes on to the executor's barriers
-                failure = error
-            with self._group_wait("the direct reads"):
-                self._protocol.agree_on_step("its direct reads", failure, deadline, timeout)
-        send_local, recv_local = plan.pipe_send_local, plan.pipe_recv_local
-        memory = (plan.pipe_send_ids, send_addresses[send_local], send_spans.nbytes[send_local].astype(np.uint64),
-                  plan.pipe_recv_ids, recv_addresses[recv_local], recv_spans.nbytes[recv_local].astype(np.uint64))
-        # The executor's task maps are rebuilt only when a task's memory moved (a step
-        # that submits the same tensors again keeps them); they are read only by execute.
-        if self._task_memory is None or not all(np.array_equal(new, old) for new, old in zip(memory, self._task_memory)):
-            self._task_memory = None
-            self._executor.set_task_memory(*memory)
-            self._task_memory = memory
-        try:
-            # Its final barrier also tells senders that every cross-memory read is done.
-            with self._group_wait("the batch's transfers"):
-                # What is left of the run's one deadline, not the whole timeout again.
-                self._executor.execute(plan.pipeline, remaining(deadline), self._protocol.run_index)
-        except BaseException:
-            empty = np.zeros(0, np.uint64)
-            self._task_memory = None
-            self._executor.set_task_memory(empty, empty, empty, empty, empty, empty)
-            raise
-        _tensors.copy_back(pending)
-
-    def _read_directly(self, plan: ShmPlan, published: np.ndarray, recv_addresses: np.ndarray,
-                       recv_nbytes: np.ndarray) -> None:
-        """Receivers read direct tasks straight from their senders' memory (``published``:
-        see _exchange_direct_addresses): from a sender's shared send buffer with a
-        plain copy, else by cross-memory attach."""
-        if plan.direct_recv_ids.size == 0:
-            return
-        published = published_for_receives(self.backend_name, plan, published)
-        sources = plan.direct_recv_src
-        nbytes = recv_nbytes[plan.direct_recv_local].astype(np.uint64)
-        targets = recv_addresses[plan.direct_recv_local].astype(np.uint64)
-        from_buffer = published[:, 2] != NOT_IN_BUFFER
-        if from_buffer.any():
-            sizes = nbytes[from_buffer]
-            peer = self._buffers.peer_addresses(sources[from_buffer], published[from_buffer, 2], sizes,
-                                                self.backend_name)
-            spans = np.stack([peer, targets[from_buffer], sizes], axis=1)
-            _core.copy_spans(np.ascontiguousarray(spans), self._engine)
-            self.buffer_tasks_read += int(from_buffer.sum())
-        by_attach = ~from_buffer
-        refused = by_attach & ~self.cma_pairs[sources, self.rank]
-        if refused.any():
-            src = int(sources[np.flatnonzero(refused)[0]])
-            raise RuntimeError(f"{self.backend_name}: rank {src} sent a task from outside its send buffer that "
-                               f"rank {self.rank} may not read by cross-memory attach")
-        for src in np.unique(sources[by_attach]):
-            rows = by_attach & (sources == src)  # every task from one sender: one gathered read
-            spans = np.stack([published[rows, 1], targets[rows], nbytes[rows]], axis=1)
-            _core.read_process_spans(self._pids[int(src)], np.ascontiguousarray(spans), self._engine)
-
-    def _exchange_direct_addresses(self, plan: ShmPlan, send_addresses: np.ndarray, send_nbytes: np.ndarray,
-                                   timeout: Optional[float]) -> np.ndarray:
-        """Publishes where each of this rank's direct sends is -- (task, address, offset
-        in the send buffer or NOT_IN_BUFFER) -- and returns every rank's rows, by task."""
-        addresses = send_addresses[plan.direct_send_local].astype(np.uint64)
-        offsets = self._buffers.offsets(addresses, send_nbytes[plan.direct_send_local])
-        table = np.stack([plan.direct_send_ids.astype(np.uint64), addresses, offsets], axis=1)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        gathered = [np.frombuffer(data, np.uint64).reshape(-1, 3)
-                    for data in self._protocol.all_gather(_STEP_DIRECT_ADDRESSES, table.tobytes(), deadline, timeout)]
-        rows = np.concatenate(gathered)
-        return rows[np.argsort(rows[:, 0], kind="stable")]
+        return steps, plan_id, self._mover.executor, self._mover.engine
 
 
 __all__ = ["DEFAULT_CMA_MIN_BYTES", "DEFAULT_SLOT_NBYTES", "ShmCopyService", "as_local_group"]

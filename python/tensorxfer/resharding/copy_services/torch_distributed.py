@@ -19,13 +19,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
-from tensorxfer.resharding.copy_services._forwarding import ForwardsToProtocol
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import Posting
+from tensorxfer.resharding.copy_services._messages import Posting, message_run
+from tensorxfer.resharding.copy_services._queue import SubmitQueue
+from tensorxfer.resharding.copy_services._service import QueuedCopyService
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 
 
-class TorchDistributedCopyService(ForwardsToProtocol):
+class TorchDistributedCopyService(QueuedCopyService):
     """Batched send/recv by task id over a torch.distributed process group.
 
     ``group``: a process group; None = the default group (which must be
@@ -55,11 +56,10 @@ class TorchDistributedCopyService(ForwardsToProtocol):
         self.requires_process_group_barrier = "gloo" not in str(dist.get_backend(process_group)).lower()
         super().__init__(group)
         transport = _TorchTransport(group, process_group, self.rank, self.world_size)
-        self._hold_message_steps(transport, timeout, options, host_only=False)
-
-    def close(self) -> None:
-        """Drops plans, staging and queued ops; later calls raise tensorxfer.ClosedError."""
-        self._close_steps()
+        queue = SubmitQueue(self.backend_name, self.world_size, host_only=False)
+        self._protocol = message_run(self.backend_name, self.rank, self.world_size, transport, timeout, options)
+        self.timeout = self._protocol.timeout
+        self._compose(queue, self._protocol)
 
 
 class _TorchTransport:
