@@ -215,7 +215,9 @@ def test_sigkill_of_a_producer_host_mid_slot_then_it_rejoins(tmp_path):
             assert "remote producer 'doomed'" in message and "delivered whole" in message, message
             assert reported_at - killed_at < TIMEOUT_S, f"reported {reported_at - killed_at:.2f} s after the kill"
             dead = result["received"].get("2", [])
-            assert len(dead) >= 5
+            # It had published 5; up to its 2 credits' worth may still have been waiting in its own
+            # buffers for a ring slot when its host died.
+            assert len(dead) >= 5 - 2
             _in_order(dead, 0, len(dead))  # whole slots only, a prefix of what it published
             _in_order(result["received"]["1"], 0, 80)
             _in_order(result["received"]["3"], 0, 30)
