@@ -22,7 +22,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from tensorxfer import _core
 from tensorxfer._arguments import check_int
+from tensorxfer._tensor import native_view
 from tensorxfer.ipc.remote import protocol
 from tensorxfer.ipc.remote.protocol import JoinRecord, RingInfo
 from tensorxfer.ipc.remote.rendezvous import open_store, parse_init_method
@@ -88,7 +90,13 @@ class _Session:
             self.group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=owner.timeout))
             del store, client
             proxy = SlotRing.attach(owner._ring.handle)
-            views = [torch.from_numpy(proxy.slot_array(slot)) for slot in range(proxy.depth)]
+            arrays = [proxy.slot_array(slot) for slot in range(proxy.depth)]
+            # gloo writes the producer's bytes through this new mapping: its page tables are made
+            # now, not by a fault on every page of the first pass (contents unchanged: other
+            # producers may be writing their slots).
+            for array in arrays:
+                _core.populate_host_pages(native_view(array, "slot"), "slot")
+            views = [torch.from_numpy(array) for array in arrays]
             reserved: Deque[Tuple[int, Any]] = collections.deque()
             self.stats.state = "active"
             self.hold(proxy, views, reserved, owner.credits)
