@@ -108,6 +108,7 @@ class _Session:
                 headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
             expected_sequence = 0
             wait = datetime.timedelta(seconds=owner.timeout)
+            data_wait = wait / 2
             while True:
                 buffer, pending = headers.popleft()
                 pending.wait(wait)
@@ -127,7 +128,16 @@ class _Session:
                 if not reserved:
                     raise _ProtocolError("sent a slot without a credit")
                 slot, received = reserved.popleft()
-                received.wait(wait)  # every byte is in the slot now (they came before the header)
+                # Every byte is in the slot after this wait.  They normally came before the header; they
+                # come after it only when they waited for this receive.  gloo does not fail a receive
+                # whose bytes are arriving when the link breaks (only those not started), so this wait
+                # is the loss's backstop: half the timeout, so the loss is still reported within it.
+                try:
+                    received.wait(data_wait)
+                except Exception as error:  # noqa: BLE001 - reported as what it means for this producer
+                    raise RuntimeError(f"the bytes of its slot {sequence} stopped arriving for "
+                                       f"{data_wait.total_seconds():g} s (its host died or its link broke: "
+                                       f"{str(error).splitlines()[0]})") from None
                 proxy.publish(slot, protocol.tick_from_wire(tick_word))
                 # The hand-off is done: the bookkeeping comes after it.
                 expected_sequence += 1
