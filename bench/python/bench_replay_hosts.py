@@ -12,7 +12,9 @@ run and between the same hosts, interleaved run by run:
 * ``zmq``     pyzmq PUSH/PULL with ``copy=False`` (only when pyzmq is importable).
 
 At 64 KiB with one collector it also measures the p50 latency from ``publish`` to
-``acquire_ready`` against one raw-socket round trip (64 KiB there, 8 bytes back).
+``acquire_ready`` against one raw-socket round trip (64 KiB there, 8 bytes back), and the
+engine's own floor beside it: a gloo message one way (send to the waiting receiver's
+wake-up) and a gloo round trip, receives posted ahead as the ring posts them.
 
 Needs root (simulated hosts) and torch.  Run it under the CPU lock on shared machines::
 
@@ -33,7 +35,7 @@ import threading
 import time
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -269,7 +271,59 @@ def receive_latency(co: Coordinator, size: int) -> Dict[str, float]:
     rtts = [float(x) for x in json.loads(co.lookup("latency/rtts"))]
     connection.close()
     server.close()
-    return {"ring_p50_us": statistics.median(samples) / 1e3, "socket_rtt_p50_us": statistics.median(rtts) / 1e3}
+    gloo_rtts, gloo_one_way = receive_gloo_latency(co, size)
+    return {"ring_p50_us": statistics.median(samples) / 1e3, "socket_rtt_p50_us": statistics.median(rtts) / 1e3,
+            "gloo_rtt_p50_us": statistics.median(gloo_rtts) / 1e3,
+            "gloo_one_way_p50_us": statistics.median(gloo_one_way) / 1e3}
+
+
+def receive_gloo_latency(co: Coordinator, size: int) -> Tuple[List[float], List[float]]:
+    """The engine's own latency floor between the same hosts, receives posted ahead as the ring's are:
+    a round trip (``size`` bytes there, 8 back) and one way (send to the waiting receiver's wake)."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.ProcessGroupGloo(dist.PrefixStore("latency/gloo/", co.store), 0, 2, datetime.timedelta(seconds=120))
+    data, ack = torch.empty(size, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64)
+    one_way = []
+    for tag in (1, 2):  # 1: round trips, 2: one way
+        posted = group.recv([data], 1, tag)
+        co.barrier(f"latency/gloo/{tag}")
+        for k in range(LATENCY_SAMPLES):
+            posted.wait()
+            stamp = int(data[:8].numpy().view(np.int64)[0])
+            if tag == 2:
+                one_way.append(time.monotonic_ns() - stamp)
+            if k + 1 < LATENCY_SAMPLES:
+                posted = group.recv([data], 1, tag)
+            if tag == 1:
+                group.send([ack], 1, 3).wait()
+    rtts = [float(x) for x in json.loads(co.lookup("latency/gloo_rtts"))]
+    co.barrier("latency/gloo/end")
+    return rtts, [float(x) for x in one_way]
+
+
+def send_gloo_latency(co: Coordinator, size: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    group = dist.ProcessGroupGloo(dist.PrefixStore("latency/gloo/", co.store), 1, 2, datetime.timedelta(seconds=120))
+    data, ack = torch.zeros(size, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64)
+    stamp = data[:8].numpy().view(np.int64)
+    rtts = []
+    for tag in (1, 2):
+        co.barrier(f"latency/gloo/{tag}")
+        for _ in range(LATENCY_SAMPLES):
+            time.sleep(0.002)  # the receiver is waiting when each message comes
+            begin = time.monotonic_ns()
+            stamp[0] = begin
+            sent = group.send([data], 0, tag)
+            if tag == 1:
+                group.recv([ack], 0, 3).wait()
+                rtts.append(time.monotonic_ns() - begin)
+            sent.wait()
+    co.publish("latency/gloo_rtts", json.dumps(rtts))
+    co.barrier("latency/gloo/end")
 
 
 def send_latency(co: Coordinator, size: int) -> None:
@@ -298,6 +352,7 @@ def send_latency(co: Coordinator, size: int) -> None:
         rtts.append(time.monotonic_ns() - begin)
     co.publish("latency/rtts", json.dumps(rtts))
     connection.close()
+    send_gloo_latency(co, size)
 
 
 # ---- worker entry ------------------------------------------------------------------------------------
@@ -426,7 +481,10 @@ def main() -> int:
                 latency = result["latency"]
                 print(f"1 x 64 KiB latency p50: publish -> acquire_ready {latency['ring_p50_us']:.0f} us, raw socket "
                       f"round trip {latency['socket_rtt_p50_us']:.0f} us "
-                      f"(ratio {latency['ring_p50_us'] / latency['socket_rtt_p50_us']:.2f}, target <= 2)", flush=True)
+                      f"(ratio {latency['ring_p50_us'] / latency['socket_rtt_p50_us']:.2f}, target <= 2); "
+                      f"the engine's floor: gloo one way {latency['gloo_one_way_p50_us']:.0f} us "
+                      f"({latency['gloo_one_way_p50_us'] / latency['socket_rtt_p50_us']:.2f} socket round trips), "
+                      f"gloo round trip {latency['gloo_rtt_p50_us']:.0f} us", flush=True)
             if any(result["shm_leftovers"]):
                 print(f"  /dev/shm not clean: {result['shm_leftovers']}")
     if args.json:

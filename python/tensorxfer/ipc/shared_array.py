@@ -23,6 +23,7 @@ from typing import Any, Sequence, Tuple, Union
 import numpy as np
 
 from tensorxfer import _core
+from tensorxfer._arguments import check_int
 from tensorxfer._resource import SharedResource
 
 __all__ = ["SharedArray", "SharedArrayHandle"]
@@ -39,18 +40,13 @@ class SharedArrayHandle:
     dtype: str
 
 
-def _normalize_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+def normalize_shape(shape: Any) -> Tuple[int, ...]:
+    """An int or a sequence of ints >= 0, as a tuple; TypeError/ValueError naming the axis."""
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-        shape = (int(shape),)
-    given: Any = shape
-    try:
-        dims = tuple(given)
-    except TypeError:
-        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}") from None
-    for dim in dims:
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
-            raise ValueError(f"shape must hold ints >= 0, got {dims!r}")
-    return tuple(int(dim) for dim in dims)
+        shape = (shape,)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__} {shape!r}")
+    return tuple(check_int(extent, f"shape[{axis}]", 0) for axis, extent in enumerate(shape))
 
 
 def _normalize_dtype(dtype: Any) -> np.dtype:
@@ -80,7 +76,7 @@ class SharedArray(SharedResource):
     @classmethod
     def create(cls, shape: Union[int, Sequence[int]], dtype: Any = "float32") -> "SharedArray":
         """A new zero-filled shared array of ``shape`` and ``dtype``."""
-        shape = _normalize_shape(shape)
+        shape = normalize_shape(shape)
         dtype = _normalize_dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
         return cls(_core.SharedSegment.create(nbytes, _KIND), shape, dtype)
@@ -94,7 +90,7 @@ class SharedArray(SharedResource):
         """
         if not isinstance(handle, SharedArrayHandle):
             raise TypeError(f"handle must be a SharedArrayHandle, got {type(handle).__name__}")
-        shape = _normalize_shape(handle.shape)
+        shape = normalize_shape(handle.shape)
         dtype = _normalize_dtype(handle.dtype)
         segment = _core.SharedSegment.attach(handle.name, _KIND)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize

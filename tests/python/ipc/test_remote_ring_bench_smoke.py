@@ -29,5 +29,5 @@ def test_bench_replay_hosts_quick_prints_the_floors_and_the_latency():
     out = done.stdout
     assert out.startswith("CPU: ")
     assert "1 x    64 KiB" in out and "ring/engine" in out and "engine/socket" in out
-    assert "latency p50: publish -> acquire_ready" in out
+    assert "latency p50: publish -> acquire_ready" in out and "gloo one way" in out
     assert "/dev/shm not clean" not in out

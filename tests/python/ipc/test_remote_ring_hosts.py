@@ -151,7 +151,8 @@ def test_credits_bound_what_a_producer_has_in_flight(tmp_path):
             assert job.wait("collector-1") == 0, job.result("collector-1")
             producer = job.result("collector-1")
             assert producer["blocked_after"] is not None, "the producer never waited for a credit"
-            assert producer["blocked_after"] <= 4, "more slots in flight than the learner's ring holds"
+            # The ring's 4 slots filled, then the producer's own 2 (credits) waiting to leave.
+            assert producer["blocked_after"] <= 4 + 2, "more slots published than the ring and the credits hold"
             result = _learner_ok(job)
             _in_order(result["received"]["1"], 0, 30)
             job.assert_clean_shm()
@@ -214,7 +215,9 @@ def test_sigkill_of_a_producer_host_mid_slot_then_it_rejoins(tmp_path):
             assert "remote producer 'doomed'" in message and "delivered whole" in message, message
             assert reported_at - killed_at < TIMEOUT_S, f"reported {reported_at - killed_at:.2f} s after the kill"
             dead = result["received"].get("2", [])
-            assert len(dead) >= 5
+            # It had published 5; up to its 2 credits' worth may still have been waiting in its own
+            # buffers for a ring slot when its host died.
+            assert len(dead) >= 5 - 2
             _in_order(dead, 0, len(dead))  # whole slots only, a prefix of what it published
             _in_order(result["received"]["1"], 0, 80)
             _in_order(result["received"]["3"], 0, 30)

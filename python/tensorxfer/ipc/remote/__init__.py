@@ -18,9 +18,10 @@ Collectors on other hosts feed the learner's ring with the calls of a local prod
 
 Guarantees:
 
-* Credits: a producer has at most ``credits`` slots in flight; each is a ring slot
-  the learner holds for it, so the learner's ring depth bounds the memory, and a
-  slow learner slows its producers.
+* Credits: a producer has at most ``credits`` slots in flight, and their bytes leave
+  only into ring slots the learner holds for it (gloo sends into posted receives
+  only), so the learner's ring depth bounds the memory, and a slow learner slows
+  its producers.
 * Whole slots: a slot is published in the ring only after all its bytes arrived;
   each producer's slots are published in its order.
 * Loss: a producer whose process or link dies, or that stays silent for

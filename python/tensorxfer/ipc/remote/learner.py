@@ -1,13 +1,14 @@
 """RemoteProducers: the learner's side of remote producers (see :mod:`tensorxfer.ipc.remote`).
 
 One relay thread per producer session.  It attaches to the learner's ring as a
-local producer, holds ``credits`` free ring slots for its remote producer with a
-receive posted straight into each, and grants them; when a header and its bytes
-have both arrived it publishes that slot (so ``acquire_ready`` never sees a slot
-before all its bytes are there) and grants the next.  A session that fails (its
-socket closed, nothing heard within ``timeout``, a header that breaks the
-protocol) is reported through :meth:`SlotRing.report_peer_lost` and its unfilled
-slots go back to the ring.
+local producer and holds ``credits`` free ring slots for its remote producer,
+with a receive posted straight into each: gloo lets the producer's bytes leave
+only into a posted receive, so these receives are the producer's credits.  When a
+slot's header arrives (after its bytes, on the same stream) the relay publishes
+that slot, so ``acquire_ready`` never sees a slot before all its bytes are there,
+and holds the next free slot.  A session that fails (its socket closed, nothing
+heard within ``timeout``, a header that breaks the protocol) is reported through
+:meth:`SlotRing.report_peer_lost` and its unfilled slots go back to the ring.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from tensorxfer import _core
+from tensorxfer._arguments import check_int
+from tensorxfer._tensor import native_view
 from tensorxfer.ipc.remote import protocol
 from tensorxfer.ipc.remote.protocol import JoinRecord, RingInfo
 from tensorxfer.ipc.remote.rendezvous import open_store, parse_init_method
@@ -66,9 +70,8 @@ class _Session:
         self.record = record
         self.stats = ProducerStats(record.name, record.session)
         self.group: Any = None
-        self.sends: Deque[Any] = collections.deque()
-        self.send_lock = threading.Lock()
-        self.close_sent = False
+        self.close_lock = threading.Lock()
+        self.close_work: Any = None  # the CLOSE message's send (it holds its tensor)
         self.thread = threading.Thread(target=self.run, name=f"tensorxfer-relay-{record.session}", daemon=True)
 
     # ---- the relay ----------------------------------------------------------------
@@ -87,24 +90,31 @@ class _Session:
             self.group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=owner.timeout))
             del store, client
             proxy = SlotRing.attach(owner._ring.handle)
-            views = [torch.from_numpy(proxy.slot_array(slot)) for slot in range(proxy.depth)]
+            arrays = [proxy.slot_array(slot) for slot in range(proxy.depth)]
+            # gloo writes the producer's bytes through this new mapping: its page tables are made
+            # now, not by a fault on every page of the first pass (contents unchanged: other
+            # producers may be writing their slots).
+            for array in arrays:
+                _core.populate_host_pages(native_view(array, "slot"), "slot")
+            views = [torch.from_numpy(array) for array in arrays]
             reserved: Deque[Tuple[int, Any]] = collections.deque()
             self.stats.state = "active"
-            self.grant(proxy, views, reserved, owner.credits)
-            # Two header buffers: the next header's receive is posted before this one is read, so
-            # a header never waits on the socket for a receive (gloo then needs a round trip).
-            headers = [torch.zeros(protocol.HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
-            which = 0
-            pending = self.group.recv([headers[which]], 1, protocol.TAG_HEADER)
+            self.hold(proxy, views, reserved, owner.credits)
+            # A header receive posted for every slot the producer may send and two more (heartbeat,
+            # bye): a header never waits for a receive, which would cost gloo a round trip.
+            headers: Deque[Tuple[Any, Any]] = collections.deque()
+            for _ in range(owner.credits + 2):
+                buffer = torch.zeros(protocol.HEADER_WORDS, dtype=torch.int64)
+                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
             expected_sequence = 0
             wait = datetime.timedelta(seconds=owner.timeout)
+            data_wait = wait / 2
             while True:
+                buffer, pending = headers.popleft()
                 pending.wait(wait)
-                header = headers[which]
-                which ^= 1
-                pending = self.group.recv([headers[which]], 1, protocol.TAG_HEADER)
-                kind, sequence, tick_word, nbytes = (int(word) for word in header.tolist())
+                kind, sequence, tick_word, nbytes = buffer.tolist()
                 if kind == protocol.KIND_HEARTBEAT:
+                    headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
                     continue
                 if kind == protocol.KIND_BYE:
                     raise _SessionEnded("closed")
@@ -118,12 +128,23 @@ class _Session:
                 if not reserved:
                     raise _ProtocolError("sent a slot without a credit")
                 slot, received = reserved.popleft()
-                received.wait(wait)  # every byte is in the slot now: only then is it published
+                # Every byte is in the slot after this wait.  They normally came before the header; they
+                # come after it only when they waited for this receive.  gloo does not fail a receive
+                # whose bytes are arriving when the link breaks (only those not started), so this wait
+                # is the loss's backstop: half the timeout, so the loss is still reported within it.
+                try:
+                    received.wait(data_wait)
+                except Exception as error:  # noqa: BLE001 - reported as what it means for this producer
+                    raise RuntimeError(f"the bytes of its slot {sequence} stopped arriving for "
+                                       f"{data_wait.total_seconds():g} s (its host died or its link broke: "
+                                       f"{str(error).splitlines()[0]})") from None
                 proxy.publish(slot, protocol.tick_from_wire(tick_word))
+                # The hand-off is done: the bookkeeping comes after it.
                 expected_sequence += 1
                 self.stats.slots += 1
                 self.stats.bytes += nbytes
-                self.grant(proxy, views, reserved, 1)
+                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
+                self.hold(proxy, views, reserved, 1)
         except _SessionEnded as ended:
             self.stats.state, self.stats.reason = "closed", str(ended)
         except BaseException as error:  # noqa: BLE001 - every failure of a session is that producer's loss
@@ -131,9 +152,9 @@ class _Session:
         finally:
             self.finish(proxy)
 
-    def grant(self, proxy: SlotRing, views: List[Any], reserved: Deque[Tuple[int, Any]], count: int) -> None:
+    def hold(self, proxy: SlotRing, views: List[Any], reserved: Deque[Tuple[int, Any]], count: int) -> None:
         """Holds ``count`` more free ring slots for the producer (waiting for the learner to free them:
-        the back-pressure), posts a receive into each and grants them."""
+        the back-pressure) and posts a receive into each: each is a credit."""
         for _ in range(count):
             while True:
                 if self.owner._stopping.is_set():  # no more credits: the producer answers CLOSE with bye
@@ -145,18 +166,6 @@ class _Session:
                 except TimeoutError:
                     continue
             reserved.append((slot, self.group.recv([views[slot]], 1, protocol.TAG_DATA)))
-        self.send_credit(count)
-
-    def send_credit(self, count: int) -> None:
-        import torch
-
-        with self.send_lock:  # the relay grants, close() sends CLOSE
-            if self.close_sent:
-                return
-            self.close_sent = count == protocol.CREDIT_CLOSE
-            while len(self.sends) > 8:  # torch's Work says it completed only through wait(): immediate here
-                self.sends.popleft().wait(datetime.timedelta(seconds=self.owner.timeout))
-            self.sends.append(self.group.send([torch.tensor([count], dtype=torch.int64)], 1, protocol.TAG_CREDIT))
 
     def lost(self, error: BaseException) -> None:
         if isinstance(error, _ProtocolError):
@@ -183,7 +192,7 @@ class _Session:
                 group.abort()
             except Exception:  # noqa: BLE001 - best effort; dropping it closes the sockets anyway
                 pass
-        self.sends.clear()
+        self.close_work = None
         del group
         if proxy is not None:
             proxy.close()  # the slots still held for writing go back to the ring, unpublished
@@ -191,12 +200,18 @@ class _Session:
     def request_close(self) -> None:
         """Tells the producer the learner closes: it answers bye (the relay still takes what it sent
         before, so the link closes with nothing unread), and its calls raise PeerLostError."""
+        import torch
+
         if self.group is None:
-            return  # still joining: the relay sends it once the group is up (grant)
-        try:
-            self.send_credit(protocol.CREDIT_CLOSE)
-        except Exception:  # noqa: BLE001 - a producer already gone needs no notice
-            pass
+            return  # still joining: the relay sends it once the group is up (hold)
+        with self.close_lock:
+            if self.close_work is not None:
+                return
+            try:
+                self.close_work = self.group.send([torch.tensor([protocol.CONTROL_CLOSE], dtype=torch.int64)], 1,
+                                                  protocol.TAG_CONTROL)
+            except Exception:  # noqa: BLE001 - a producer already gone needs no notice
+                self.close_work = False
 
 
 class RemoteProducers:
@@ -229,14 +244,12 @@ class RemoteProducers:
         """
         if not isinstance(ring, SlotRing) or not ring.is_consumer:
             raise ValueError("ring must be a SlotRing this process created (its consumer)")
-        if isinstance(credits, bool) or not isinstance(credits, int) or not 1 <= credits <= ring.depth:
-            raise ValueError(f"credits must be an int in [1, {ring.depth}] (the ring's depth), got {credits!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 86400:
-            raise ValueError(f"timeout must be seconds in (0, 86400), got {timeout!r}")
+        credits = check_int(credits, "credits (at most the ring's depth)", 1, ring.depth)
+        timeout = protocol.check_seconds(timeout, "timeout")
         prefix = protocol.store_prefix(key)
-        store, address = open_store(init_method, serve=True, timeout=float(timeout))
-        store.set(prefix + "info", RingInfo(ring.name, ring.slot_nbytes, credits, float(timeout)).encode())
-        server = cls(ring, store, address, prefix, credits, float(timeout))
+        store, address = open_store(init_method, serve=True, timeout=timeout)
+        store.set(prefix + "info", RingInfo(ring.name, ring.slot_nbytes, credits, timeout).encode())
+        server = cls(ring, store, address, prefix, credits, timeout)
         server._acceptor.start()
         _OPEN.add(server)
         return server

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Dict, Optional
+
+from tensorxfer._arguments import check_int, check_optional_int
 
 _REQUIRED_FIELDS = ("tick_id", "snapshot_ptr", "snapshot_size", "sample_seed", "sample_count")
 _OPTIONAL_FIELDS = ("batch_host_slot", "batch_gpu_slot")
 
 
 def _as_index(value: Any, name: str, *, optional: bool = False) -> Optional[int]:
-    """``value`` as a non-negative Python int (numpy integers accepted); bools are refused."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        expected = "a non-negative int or None" if optional else "a non-negative int"
-        raise TypeError(f"ReplayTickMetadata.{name} must be {expected}, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"ReplayTickMetadata.{name} must be >= 0, got {value}")
-    return int(value)
+    """``value`` as a non-negative Python int (the package's integer rules: numpy integers accepted, bools refused)."""
+    if optional:
+        return check_optional_int(value, f"ReplayTickMetadata.{name}", 0)
+    return check_int(value, f"ReplayTickMetadata.{name}", 0)
 
 
 @dataclasses.dataclass(frozen=True)

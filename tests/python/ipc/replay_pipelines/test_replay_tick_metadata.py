@@ -90,14 +90,14 @@ def test_the_old_field_names_are_gone():
 @pytest.mark.parametrize(
     "overrides, error, message",
     [
-        (dict(tick_id=-5), ValueError, r"ReplayTickMetadata.tick_id must be >= 0, got -5"),
-        (dict(snapshot_ptr=-1), ValueError, r"snapshot_ptr must be >= 0, got -1"),
-        (dict(snapshot_size=1.5), TypeError, r"snapshot_size must be a non-negative int, got float 1.5"),
-        (dict(sample_seed=True), TypeError, r"sample_seed must be a non-negative int, got bool"),
-        (dict(sample_count="3"), TypeError, r"sample_count must be a non-negative int, got str"),
-        (dict(sample_count=None), TypeError, r"sample_count must be a non-negative int, got NoneType"),
-        (dict(batch_host_slot=-2), ValueError, r"batch_host_slot must be >= 0, got -2"),
-        (dict(batch_gpu_slot=0.0), TypeError, r"batch_gpu_slot must be a non-negative int or None, got float"),
+        (dict(tick_id=-5), ValueError, r"ReplayTickMetadata.tick_id: expected an integer >= 0, got -5"),
+        (dict(snapshot_ptr=-1), ValueError, r"snapshot_ptr: expected an integer >= 0, got -1"),
+        (dict(snapshot_size=1.5), TypeError, r"snapshot_size: expected an integer >= 0, got float"),
+        (dict(sample_seed=True), TypeError, r"sample_seed: expected an integer >= 0, got bool"),
+        (dict(sample_count="3"), TypeError, r"sample_count: expected an integer >= 0, got str"),
+        (dict(sample_count=None), TypeError, r"sample_count: expected an integer >= 0, got NoneType"),
+        (dict(batch_host_slot=-2), ValueError, r"batch_host_slot: expected an integer >= 0, got -2 \(or None\)"),
+        (dict(batch_gpu_slot=0.0), TypeError, r"batch_gpu_slot: expected an integer >= 0, got float \(or None\)"),
     ],
 )
 def test_bad_fields_are_refused_with_the_field_name(overrides, error, message):

@@ -223,9 +223,9 @@ def test_metadata_must_match_slot_and_increase(backend):
 # -- bad input ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "slot, error, message",
-    [(-1, ValueError, r"slot must be in \[0, ring_depth=4\), got -1"), (4, ValueError, "got 4"),
-     (1.0, TypeError, "slot must be an int"), (True, TypeError, "slot must be an int"),
-     ("0", TypeError, "slot must be an int")],
+    [(-1, ValueError, r"slot \(ring_depth=4\): expected an integer in \[0, 3\], got -1"), (4, ValueError, "got 4"),
+     (1.0, TypeError, r"slot \(ring_depth=4\): expected an integer"), (True, TypeError, "slot .*got bool"),
+     ("0", TypeError, "slot .*got str")],
 )
 def test_slot_out_of_range_or_not_int_is_refused_by_every_method(backend, slot, error, message):
     src, dst = host_source(12), device_slot(backend)
@@ -393,11 +393,11 @@ def test_allocate_device_slots_family_follows_dtype(backend, case):
 
 @pytest.mark.parametrize(
     "kwargs, error, message",
-    [(dict(count=0, shape=(2,), dtype="float32"), ValueError, "count must be >= 1"),
-     (dict(count=1, shape=(2, -1), dtype="float32"), ValueError, r"shape\[1\] must be >= 0"),
+    [(dict(count=0, shape=(2,), dtype="float32"), ValueError, "count: expected an integer >= 1, got 0"),
+     (dict(count=1, shape=(2, -1), dtype="float32"), ValueError, r"shape\[1\]: expected an integer >= 0, got -1"),
      (dict(count=1, shape="2", dtype="float32"), TypeError, "shape must be an int or a sequence"),
      (dict(count=1, shape=(2,), dtype="not-a-dtype"), TypeError, "dtype must be a torch.dtype"),
-     (dict(count=2.0, shape=(2,), dtype="float32"), TypeError, "count must be an int")],
+     (dict(count=2.0, shape=(2,), dtype="float32"), TypeError, "count: expected an integer >= 1, got float")],
 )
 def test_allocate_device_slots_bad_arguments(backend, kwargs, error, message):
     with pytest.raises(error, match=message):

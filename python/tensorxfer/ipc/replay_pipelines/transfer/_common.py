@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import numbers
 import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from tensorxfer._arguments import check_int
 from tensorxfer.errors import ClosedError, check_timeout
 from tensorxfer.ipc.replay_pipelines.base import ReplayTickMetadata
+from tensorxfer.ipc.shared_array import normalize_shape
 
 TRACE_CATEGORY = "replay_transfer"
 SUBMIT_SPAN_NAME = "replay.h2d_submit"
@@ -24,12 +25,8 @@ COPY_SPAN_NAME = "replay.h2d_copy"
 
 
 def require_int(value: Any, name: str, *, minimum: int) -> int:
-    """``value`` as an int >= ``minimum`` (numpy integers accepted, bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    """``value`` as an int >= ``minimum`` (the package's integer rules: numpy integers accepted, bools refused)."""
+    return check_int(value, name, minimum)
 
 
 def require_ring_depth(ring_depth: Any) -> int:
@@ -100,15 +97,6 @@ def resolve_h2d_nbytes(
             f"h2d_bytes must be <= the size of both dst ({dst_nbytes} bytes) and src ({src_nbytes} bytes), got {nbytes}"
         )
     return nbytes
-
-
-def normalize_shape(shape: Any) -> Tuple[int, ...]:
-    """An int or a sequence of ints >= 0, as a tuple."""
-    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-        shape = (shape,)
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__} {shape!r}")
-    return tuple(require_int(extent, f"shape[{axis}]", minimum=0) for axis, extent in enumerate(shape))
 
 
 def torch_dtype_if_torch(dtype: Any) -> Any:
@@ -218,11 +206,7 @@ class TransferBackendBase(abc.ABC):
 
     def _check_slot(self, slot: Any) -> int:
         self._check_open()
-        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
-            raise TypeError(f"slot must be an int in [0, {self._ring_depth}), got {type(slot).__name__} {slot!r}")
-        if not 0 <= slot < self._ring_depth:
-            raise ValueError(f"slot must be in [0, ring_depth={self._ring_depth}), got {slot}")
-        return int(slot)
+        return check_int(slot, f"slot (ring_depth={self._ring_depth})", 0, self._ring_depth - 1)
 
     # -- host and device slots -------------------------------------------------
     def register_host_slots(self, slots: Sequence[Any]) -> None:
