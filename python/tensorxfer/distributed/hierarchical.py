@@ -15,6 +15,12 @@ each on its own share of the data:
 * ``all_gather``: all-gather across hosts of each rank's input, then in the host;
 * ``broadcast``: across hosts among the root's local index, then in the host.
 
+When every host's ranks are consecutive (ranks 0-1 on one host, 2-3 on the
+next), the in-host steps of reduce_scatter and all_gather run once per host
+block of the tensor, reading and writing the caller's tensor where it is;
+hosts whose ranks interleave go through a staging tensor in
+[local index][host] order and a permuting copy.
+
 With hosts of unequal size the hosts' first ranks ("leaders") do the
 cross-host step on whole tensors: reduce (all_reduce, reduce_scatter) or
 gather in the host, the leaders' step, broadcast in the host. ``barrier`` is a
@@ -30,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from tensorxfer.distributed.cross_host import CrossHost
+from tensorxfer.distributed.scratch import ScratchBuffers, pieces_on_this_thread
 from tensorxfer.distributed.topology import Topology
 from tensorxfer.runtime import Communicator
 
@@ -45,19 +52,10 @@ _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
 #: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
 REPLICATED_MAX_BYTES = 256 << 10
 
-#: torch splits a copy over its OpenMP threads from this many elements (at::internal::GRAIN_SIZE).
-_TORCH_GRAIN = 32768
-
-
 def _copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> None:
-    """``destination.copy_(source)`` (1-D) in pieces torch copies on the calling thread.
-
-    A parallel copy leaves torch's OpenMP workers spinning for a while after
-    it; on a host whose cores the ranks' spinning waits already fill, those
-    workers take the CPU from the ranks (measured: 30x slower at 1 MiB, 2 ranks on 2 cores).
-    """
-    for start in range(0, source.numel(), _TORCH_GRAIN):
-        destination[start:start + _TORCH_GRAIN].copy_(source[start:start + _TORCH_GRAIN])
+    """``destination.copy_(source)`` (1-D) on the calling thread (see :func:`pieces_on_this_thread`)."""
+    for piece in pieces_on_this_thread(source.numel()):
+        destination[piece].copy_(source[piece])
 
 
 def op_name(reduce_op: Any) -> Optional[str]:
@@ -97,22 +95,10 @@ class HostCollectives:
         #: Equal hosts: the global rank of row i * hosts + h of a [local index][host] layout.
         self._by_local_index = torch.tensor([hosts[h][i] for i in range(local_size) for h in range(len(hosts))]
                                             if topology.equal_hosts else [], dtype=torch.int64)
-        self._scratch_by_dtype: dict[torch.dtype, torch.Tensor] = {}
-
-    def _scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A flat tensor of ``numel`` elements, kept for the next op of the same dtype.
-
-        Ops run one at a time (every one goes through ``comm``, which takes one op
-        at a time), so one buffer per dtype, the largest asked for, serves them all.
-        A new tensor per op is memory the kernel maps and zeroes again at every
-        call (2 hosts x 2 ranks, float32 64 MiB dist.all_reduce: 107 -> 84 ms with
-        this alone, Intel Xeon, 2 vCPUs).
-        """
-        held = self._scratch_by_dtype.get(dtype)
-        if held is None or held.numel() < numel:
-            held = torch.empty(numel, dtype=dtype)
-            self._scratch_by_dtype[dtype] = held
-        return held[:numel]
+        #: Equal hosts whose ranks are consecutive: host h holds rows h * local_size ... of a rank-ordered tensor.
+        self._host_blocks = self._sharded and all(
+            ranks == list(range(h * local_size, (h + 1) * local_size)) for h, ranks in enumerate(hosts))
+        self._scratch = ScratchBuffers()
 
     @property
     def _leader(self) -> bool:
@@ -172,17 +158,16 @@ class HostCollectives:
         if padded_elems == numel:
             staging = flat
         else:
-            staging = torch.empty(padded_elems, dtype=flat.dtype)
+            staging = self._scratch.get("staging", padded_elems, flat.dtype)
             _copy_on_this_thread(staging[:numel], flat)
             staging[numel:].zero_()
-        shard = self._scratch(shard_elems, flat.dtype)
+        shard = self._scratch.get("shard", shard_elems, flat.dtype)
         self.comm.reduce_scatter(shard, staging, _in_host(op), timeout=self.timeout_s)
         self._cross().all_reduce(shard, _in_host(op))
         self._finish_avg(shard, op)
-        gathered = flat if padded_elems == numel else torch.empty(padded_elems, dtype=flat.dtype)
-        self.comm.all_gather(gathered, shard, timeout=self.timeout_s)
-        if gathered is not flat:
-            _copy_on_this_thread(flat, gathered[:numel])
+        self.comm.all_gather(staging, shard, timeout=self.timeout_s)
+        if staging is not flat:
+            _copy_on_this_thread(flat, staging[:numel])
 
     def _all_reduce_through_leaders(self, tensor: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(tensor, _in_host(op), timeout=self.timeout_s)
@@ -206,11 +191,16 @@ class HostCollectives:
             self._all_reduce_through_leaders(reduced.view(-1), op)
             output.view(-1).copy_(reduced[self.topology.rank])
             return
-        # Rows in [local index][host] order: the in-host reduce-scatter gives local rank i the
-        # rows of the ranks with local index i, whose reduce-scatter across hosts gives each its own.
-        by_local_index = rows.index_select(0, self._by_local_index)
-        shard = self._scratch(len(self.topology.hosts) * output.numel(), output.dtype)
-        self.comm.reduce_scatter(shard, by_local_index.view(-1), _in_host(op), timeout=self.timeout_s)
+        # Local rank i gets, per host h, the sum of row hosts[h][i] (its host's ranks' blocks for
+        # the ranks with local index i), whose reduce-scatter across hosts gives each its own.
+        shard = self._scratch.get("shard", len(self.topology.hosts) * output.numel(), output.dtype)
+        per_host = shard.view(len(self.topology.hosts), -1)
+        if self._host_blocks:  # host h's rows are block h of the input: one in-host step per block
+            for host, block in enumerate(input.view(len(self.topology.hosts), -1)):
+                self.comm.reduce_scatter(per_host[host], block, _in_host(op), timeout=self.timeout_s)
+        else:  # rows in [local index][host] order
+            by_local_index = rows.index_select(0, self._by_local_index)
+            self.comm.reduce_scatter(shard, by_local_index.view(-1), _in_host(op), timeout=self.timeout_s)
         self._cross().reduce_scatter(output.view(-1), shard, _in_host(op))
         self._finish_avg(output, op)
 
@@ -225,10 +215,14 @@ class HostCollectives:
             return
         rows = output.view(self.world_size, -1)
         hosts = self.topology.hosts
-        if self._sharded:
-            across = torch.empty(len(hosts) * input.numel(), dtype=input.dtype)
+        if self._sharded:  # this local index's input on every host, then in the host
+            across = self._scratch.get("across", len(hosts) * input.numel(), input.dtype)
             self._cross().all_gather(across, input.view(-1))
-            by_local_index = torch.empty_like(rows)
+            if self._host_blocks:  # host h's inputs are block h of the output: one in-host step per block
+                for block, part in zip(output.view(len(hosts), -1), across.view(len(hosts), -1)):
+                    self.comm.all_gather(block, part, timeout=self.timeout_s)
+                return
+            by_local_index = self._scratch.get("gathered", output.numel(), input.dtype).view_as(rows)
             self.comm.all_gather(by_local_index.view(-1), across, timeout=self.timeout_s)
             rows.index_copy_(0, self._by_local_index, by_local_index)
             return
