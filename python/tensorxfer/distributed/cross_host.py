@@ -16,8 +16,7 @@ cannot be used). The ranks agree on the choice through the store.
 
 A rank waiting in a gloo step also looks, every :data:`WATCH_S`, whether a rank
 published a failure (``GlooCrossHost.watch``): a peer that failed in another
-step keeps its connections open until it exits. gloo's reduce-scatter has no
-future to wait on, so that step is not watched.
+step keeps its connections open until it exits.
 """
 
 from __future__ import annotations
@@ -30,9 +29,12 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
 
+from tensorxfer.distributed.scratch import ScratchBuffers, pieces_on_this_thread
 from tensorxfer.distributed.topology import Topology
 
 _GLOO_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+#: The cross-host reduce-scatter's own reduction of the blocks it received (elementwise, ``out=``).
+_ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
 _HALF = (torch.bfloat16, torch.float16)
 _MPIRUN_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 CHOICE_VARIABLE = "TENSORXFER_DIST_CROSS_HOST"
@@ -69,6 +71,7 @@ class GlooCrossHost:
     def __init__(self, group: Any, host_index: int, hosts: int) -> None:
         self.host_index, self.hosts, self.calls = host_index, hosts, 0
         self._group = group
+        self._scratch = ScratchBuffers()
         #: Called while a step waits (see _wait); raises to end the wait.
         self.watch: Optional[Callable[[], None]] = None
 
@@ -83,11 +86,19 @@ class GlooCrossHost:
         self._wait(self._group._allgather_base(output.view(-1), input.view(-1), AllgatherOptions()))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+        """Every member's block ``host_index`` comes here (all-to-all), reduced in host order.
+
+        gloo's own reduce-scatter all-reduces the whole input and keeps a block:
+        twice the bytes across hosts, and its work has no future to watch.
+        """
         self.calls += 1
-        options = dist.ReduceScatterOptions()
-        options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]
-        # gloo's reduce-scatter work has no future (and only progresses in wait()): not watched
-        self._group._reduce_scatter_base(output.view(-1), input.view(-1), options).wait()
+        received = self._scratch.get("received", input.numel(), input.dtype)
+        self._wait(self._group.alltoall_base(received, input.view(-1), [], [], dist.AllToAllOptions()))
+        blocks, out, reduce = received.view(self.hosts, -1), output.view(-1), _ELEMENTWISE[op]
+        for piece in pieces_on_this_thread(out.numel()):
+            reduce(blocks[0, piece], blocks[1, piece], out=out[piece])
+            for host in range(2, self.hosts):
+                reduce(out[piece], blocks[host, piece], out=out[piece])
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.calls += 1
