@@ -239,12 +239,14 @@ def _host_collective_ops(name: str, nbytes: int, dist: Any, groups: Dict[str, An
     numel = nbytes // 4
     if name == "all_gather":
         mine, whole = torch.zeros(numel // world), torch.zeros(numel)
-        across = torch.zeros(hosts * mine.numel())
+        others = torch.zeros((hosts - 1) * mine.numel())
+        parts = list(others.view(hosts - 1, -1))
+        parts.insert(group.topology.host_index, mine)
         ops = {variant: (lambda g=g: dist.all_gather_into_tensor(whole, mine, group=g))
                for variant, g in (("tensorxfer", group), ("gloo", groups["gloo"]))}
-        ops["cross_step_only"] = lambda: cross.all_gather(across, mine)
+        ops["cross_step_only"] = lambda: cross.gather_others(others, mine)
         ops["in_host_steps_only"] = lambda: [host_comm.all_gather(block, part) for block, part in
-                                             zip(whole.view(hosts, -1), across.view(hosts, -1))]
+                                             zip(whole.view(hosts, -1), parts)]
     elif name == "reduce_scatter":
         whole, mine = torch.zeros(numel), torch.zeros(numel // world)
         shard = torch.zeros(hosts * mine.numel())

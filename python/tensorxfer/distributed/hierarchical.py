@@ -12,14 +12,14 @@ each on its own share of the data:
   index all-reduces the whole host sum across hosts (two steps, not three);
 * ``reduce_scatter``: reduce-scatter in the host (local rank i gets the blocks
   of the ranks with local index i), reduce-scatter of those across hosts;
-* ``all_gather``: all-gather across hosts of each rank's input, then in the host;
+* ``all_gather``: each rank's input to the same local index of every other host
+  (an all-to-all that sends nothing to itself), then all-gather in the host;
 * ``broadcast``: across hosts among the root's local index, then in the host.
 
-When every host's ranks are consecutive (ranks 0-1 on one host, 2-3 on the
-next), the in-host steps of reduce_scatter and all_gather run once per host
-block of the tensor, reading and writing the caller's tensor where it is;
-hosts whose ranks interleave go through a staging tensor in
-[local index][host] order and a permuting copy.
+The in-host steps of reduce_scatter and all_gather run once per host: on
+host h's block of the caller's tensor where every host's ranks are consecutive
+(ranks 0-1 on one host, 2-3 on the next), else through a staging tensor and a
+copy to host h's ranks' rows.
 
 With hosts of unequal size the hosts' first ranks ("leaders") do the
 cross-host step on whole tensors: reduce (all_reduce, reduce_scatter) or
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from tensorxfer.distributed.cross_host import CrossHost
-from tensorxfer.distributed.scratch import ScratchBuffers, pieces_on_this_thread
+from tensorxfer.distributed.scratch import ScratchBuffers, copy_on_this_thread
 from tensorxfer.distributed.topology import Topology
 from tensorxfer.runtime import Communicator
 
@@ -51,12 +51,6 @@ _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
 
 #: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
 REPLICATED_MAX_BYTES = 256 << 10
-
-def _copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> None:
-    """``destination.copy_(source)`` (1-D) on the calling thread (see :func:`pieces_on_this_thread`)."""
-    for piece in pieces_on_this_thread(source.numel()):
-        destination[piece].copy_(source[piece])
-
 
 def op_name(reduce_op: Any) -> Optional[str]:
     """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
@@ -92,9 +86,8 @@ class HostCollectives:
         hosts, local_size = topology.hosts, len(topology.local_ranks)
         self.multi_host = len(hosts) > 1
         self._sharded = self.multi_host and topology.equal_hosts
-        #: Equal hosts: the global rank of row i * hosts + h of a [local index][host] layout.
-        self._by_local_index = torch.tensor([hosts[h][i] for i in range(local_size) for h in range(len(hosts))]
-                                            if topology.equal_hosts else [], dtype=torch.int64)
+        #: Each host's global ranks, as index tensors.
+        self._host_ranks = [torch.tensor(ranks, dtype=torch.int64) for ranks in hosts]
         #: Equal hosts whose ranks are consecutive: host h holds rows h * local_size ... of a rank-ordered tensor.
         self._host_blocks = self._sharded and all(
             ranks == list(range(h * local_size, (h + 1) * local_size)) for h, ranks in enumerate(hosts))
@@ -159,7 +152,7 @@ class HostCollectives:
             staging = flat
         else:
             staging = self._scratch.get("staging", padded_elems, flat.dtype)
-            _copy_on_this_thread(staging[:numel], flat)
+            copy_on_this_thread(staging[:numel], flat)
             staging[numel:].zero_()
         shard = self._scratch.get("shard", shard_elems, flat.dtype)
         self.comm.reduce_scatter(shard, staging, _in_host(op), timeout=self.timeout_s)
@@ -167,7 +160,7 @@ class HostCollectives:
         self._finish_avg(shard, op)
         self.comm.all_gather(staging, shard, timeout=self.timeout_s)
         if staging is not flat:
-            _copy_on_this_thread(flat, staging[:numel])
+            copy_on_this_thread(flat, staging[:numel])
 
     def _all_reduce_through_leaders(self, tensor: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(tensor, _in_host(op), timeout=self.timeout_s)
@@ -191,16 +184,15 @@ class HostCollectives:
             self._all_reduce_through_leaders(reduced.view(-1), op)
             output.view(-1).copy_(reduced[self.topology.rank])
             return
-        # Local rank i gets, per host h, the sum of row hosts[h][i] (its host's ranks' blocks for
-        # the ranks with local index i), whose reduce-scatter across hosts gives each its own.
-        shard = self._scratch.get("shard", len(self.topology.hosts) * output.numel(), output.dtype)
-        per_host = shard.view(len(self.topology.hosts), -1)
-        if self._host_blocks:  # host h's rows are block h of the input: one in-host step per block
-            for host, block in enumerate(input.view(len(self.topology.hosts), -1)):
-                self.comm.reduce_scatter(per_host[host], block, _in_host(op), timeout=self.timeout_s)
-        else:  # rows in [local index][host] order
-            by_local_index = rows.index_select(0, self._by_local_index)
-            self.comm.reduce_scatter(shard, by_local_index.view(-1), _in_host(op), timeout=self.timeout_s)
+        # Per host h, local rank i gets the sum of row hosts[h][i] over its host's ranks (the rows of
+        # host h's ranks: block h of the input when ranks are consecutive); the reduce-scatter of those
+        # across hosts gives each rank its own row.
+        hosts = self.topology.hosts
+        shard = self._scratch.get("shard", len(hosts) * output.numel(), output.dtype)
+        blocks = input.view(len(hosts), -1) if self._host_blocks else None
+        for host, part in enumerate(shard.view(len(hosts), -1)):
+            block = blocks[host] if blocks is not None else rows.index_select(0, self._host_ranks[host]).view(-1)
+            self.comm.reduce_scatter(part, block, _in_host(op), timeout=self.timeout_s)
         self._cross().reduce_scatter(output.view(-1), shard, _in_host(op))
         self._finish_avg(output, op)
 
@@ -215,27 +207,27 @@ class HostCollectives:
             return
         rows = output.view(self.world_size, -1)
         hosts = self.topology.hosts
-        if self._sharded:  # this local index's input on every host, then in the host
-            across = self._scratch.get("across", len(hosts) * input.numel(), input.dtype)
-            self._cross().all_gather(across, input.view(-1))
-            if self._host_blocks:  # host h's inputs are block h of the output: one in-host step per block
-                for block, part in zip(output.view(len(hosts), -1), across.view(len(hosts), -1)):
-                    self.comm.all_gather(block, part, timeout=self.timeout_s)
-                return
-            by_local_index = self._scratch.get("gathered", output.numel(), input.dtype).view_as(rows)
-            self.comm.all_gather(by_local_index.view(-1), across, timeout=self.timeout_s)
-            rows.index_copy_(0, self._by_local_index, by_local_index)
+        if self._sharded:  # this local index's input from every other host, then in each host
+            others = self._scratch.get("others", (len(hosts) - 1) * input.numel(), input.dtype)
+            self._cross().gather_others(others, input.view(-1))
+            staging = None if self._host_blocks else self._scratch.get("staging", rows[0].numel() * len(
+                self.topology.local_ranks), input.dtype)
+            blocks = output.view(len(hosts), -1)
+            for host, part in enumerate(_in_host_order(others, input.view(-1), self.topology.host_index)):
+                self.comm.all_gather(blocks[host] if staging is None else staging, part, timeout=self.timeout_s)
+                if staging is not None:  # host h's ranks are not consecutive: to their rows
+                    rows.index_copy_(0, self._host_ranks[host], staging.view(-1, input.numel()))
             return
         local = torch.empty(len(self.topology.local_ranks), input.numel(), dtype=input.dtype)
         self.comm.all_gather(local.view(-1), input.view(-1), timeout=self.timeout_s)
-        if self._leader:  # host blocks padded to the largest host: gloo gathers equal sizes
+        if self._leader:  # host blocks padded to the largest host: every member sends the same size
             largest = max(len(ranks) for ranks in hosts)
             padded = torch.zeros(largest, input.numel(), dtype=input.dtype)
             padded[:len(local)] = local
-            every = torch.empty(len(hosts), largest, input.numel(), dtype=input.dtype)
-            self._cross().all_gather(every, padded)
-            for host, ranks in enumerate(hosts):
-                rows.index_copy_(0, torch.tensor(ranks), every[host, :len(ranks)])
+            others = torch.empty(len(hosts) - 1, largest, input.numel(), dtype=input.dtype)
+            self._cross().gather_others(others, padded)
+            for host, part in enumerate(_in_host_order(others, padded, self.topology.host_index)):
+                rows.index_copy_(0, self._host_ranks[host], part[:len(hosts[host])])
         self.comm.broadcast(output, 0, timeout=self.timeout_s)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
@@ -267,6 +259,12 @@ class HostCollectives:
             if self._leader:
                 self._cross().barrier()
             self.comm.barrier(timeout=self.timeout_s)
+
+
+def _in_host_order(others: torch.Tensor, own: torch.Tensor, host_index: int) -> list[torch.Tensor]:
+    """Every host's part: ``others`` (every other host's, in host order) with ``own`` put in at ``host_index``."""
+    parts = list(others.view(-1, *own.shape))
+    return parts[:host_index] + [own] + parts[host_index:]
 
 
 def _in_host(op: str) -> str:

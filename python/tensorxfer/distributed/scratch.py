@@ -21,6 +21,12 @@ def pieces_on_this_thread(numel: int) -> Iterator[slice]:
         yield slice(start, start + TORCH_GRAIN)
 
 
+def copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> None:
+    """``destination.copy_(source)`` (1-D) on the calling thread."""
+    for piece in pieces_on_this_thread(source.numel()):
+        destination[piece].copy_(source[piece])
+
+
 class ScratchBuffers:
     """Flat tensors kept from one op to the next, one per use and dtype (the largest asked for).
 

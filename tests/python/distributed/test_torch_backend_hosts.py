@@ -55,7 +55,8 @@ def _check_against_gloo(reference, results, expected_hosts, transport="gloo"):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.stress),
+                                   pytest.param([2, 2, 2], marks=pytest.mark.stress)], ids=["2+2", "1+3", "2+2+2"])
 def test_hierarchical_collectives_match_flat_gloo(sizes, tmp_path):
     """Every accelerated op, composed across hosts, gives gloo's results; every host's /dev/shm ends empty."""
     world = sum(sizes)
@@ -94,7 +95,8 @@ def _mpi_unavailable():
 
 @pytest.mark.skipif(_mpi_unavailable() is not None, reason=str(_mpi_unavailable()))
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [pytest.param([2, 2], marks=pytest.mark.stress), pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [pytest.param(sizes, marks=pytest.mark.stress) for sizes in ([2, 2], [1, 3], [2, 2, 2])],
+                         ids=["2+2", "1+3", "2+2+2"])
 def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
     """Ranks started by mpirun (MPI over TCP) in simulated hosts: the cross-host step goes through MPI
     (the groups' transport and call counts say so), and every op still gives flat gloo's results."""
