@@ -89,7 +89,7 @@ class GlooCrossHost:
 
         (gloo's all-gather allocates the whole output, copies the input into it
         and copies it out: 2 x 2 hosts, 64 MiB all_gather_into_tensor, its
-        cross-host step alone 47 ms against ... ms this way.)
+        cross-host step alone took 47-50 ms, 13.5 ms this way; AMD EPYC, 2 vCPUs.)
         """
         self.calls += 1
         numel = input.numel()
@@ -106,7 +106,9 @@ class GlooCrossHost:
         """Every member's block ``host_index`` comes here (all-to-all), reduced in host order.
 
         gloo's own reduce-scatter all-reduces the whole input and keeps a block:
-        twice the bytes across hosts, and its work has no future to watch.
+        twice the bytes across hosts (2 x 2 hosts, 64 MiB reduce_scatter_tensor,
+        its cross-host step alone: 70 ms, 22 ms this way; AMD EPYC, 2 vCPUs),
+        and its work has no future to watch.
         """
         self.calls += 1
         received = self._scratch.get("received", input.numel(), input.dtype)

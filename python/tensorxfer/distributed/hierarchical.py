@@ -210,8 +210,8 @@ class HostCollectives:
         if self._sharded:  # this local index's input from every other host, then in each host
             others = self._scratch.get("others", (len(hosts) - 1) * input.numel(), input.dtype)
             self._cross().gather_others(others, input.view(-1))
-            staging = None if self._host_blocks else self._scratch.get("staging", rows[0].numel() * len(
-                self.topology.local_ranks), input.dtype)
+            host_elems = input.numel() * len(self.topology.local_ranks)
+            staging = None if self._host_blocks else self._scratch.get("staging", host_elems, input.dtype)
             blocks = output.view(len(hosts), -1)
             for host, part in enumerate(_in_host_order(others, input.view(-1), self.topology.host_index)):
                 self.comm.all_gather(blocks[host] if staging is None else staging, part, timeout=self.timeout_s)

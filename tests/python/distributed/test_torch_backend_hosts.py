@@ -95,7 +95,7 @@ def _mpi_unavailable():
 
 @pytest.mark.skipif(_mpi_unavailable() is not None, reason=str(_mpi_unavailable()))
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [pytest.param(sizes, marks=pytest.mark.stress) for sizes in ([2, 2], [1, 3], [2, 2, 2])],
+@pytest.mark.parametrize("sizes", [[2, 2]] + [pytest.param(sizes, marks=pytest.mark.stress) for sizes in ([1, 3], [2, 2, 2])],
                          ids=["2+2", "1+3", "2+2+2"])
 def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
     """Ranks started by mpirun (MPI over TCP) in simulated hosts: the cross-host step goes through MPI
