@@ -12,8 +12,14 @@ each on its own share of the data:
   index all-reduces the whole host sum across hosts (two steps, not three);
 * ``reduce_scatter``: reduce-scatter in the host (local rank i gets the blocks
   of the ranks with local index i), reduce-scatter of those across hosts;
-* ``all_gather``: all-gather across hosts of each rank's input, then in the host;
+* ``all_gather``: each rank's input to the same local index of every other host
+  (an all-to-all that sends nothing to itself), then all-gather in the host;
 * ``broadcast``: across hosts among the root's local index, then in the host.
+
+The in-host steps of reduce_scatter and all_gather run once per host: on
+host h's block of the caller's tensor where every host's ranks are consecutive
+(ranks 0-1 on one host, 2-3 on the next), else through a staging tensor and a
+copy to host h's ranks' rows.
 
 With hosts of unequal size the hosts' first ranks ("leaders") do the
 cross-host step on whole tensors: reduce (all_reduce, reduce_scatter) or
@@ -30,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from tensorxfer.distributed.cross_host import CrossHost
+from tensorxfer.distributed.scratch import ScratchBuffers, copy_on_this_thread
 from tensorxfer.distributed.topology import Topology
 from tensorxfer.runtime import Communicator
 
@@ -44,21 +51,6 @@ _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
 
 #: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
 REPLICATED_MAX_BYTES = 256 << 10
-
-#: torch splits a copy over its OpenMP threads from this many elements (at::internal::GRAIN_SIZE).
-_TORCH_GRAIN = 32768
-
-
-def _copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> None:
-    """``destination.copy_(source)`` (1-D) in pieces torch copies on the calling thread.
-
-    A parallel copy leaves torch's OpenMP workers spinning for a while after
-    it; on a host whose cores the ranks' spinning waits already fill, those
-    workers take the CPU from the ranks (measured: 30x slower at 1 MiB, 2 ranks on 2 cores).
-    """
-    for start in range(0, source.numel(), _TORCH_GRAIN):
-        destination[start:start + _TORCH_GRAIN].copy_(source[start:start + _TORCH_GRAIN])
-
 
 def op_name(reduce_op: Any) -> Optional[str]:
     """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
@@ -94,25 +86,12 @@ class HostCollectives:
         hosts, local_size = topology.hosts, len(topology.local_ranks)
         self.multi_host = len(hosts) > 1
         self._sharded = self.multi_host and topology.equal_hosts
-        #: Equal hosts: the global rank of row i * hosts + h of a [local index][host] layout.
-        self._by_local_index = torch.tensor([hosts[h][i] for i in range(local_size) for h in range(len(hosts))]
-                                            if topology.equal_hosts else [], dtype=torch.int64)
-        self._scratch_by_dtype: dict[torch.dtype, torch.Tensor] = {}
-
-    def _scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A flat tensor of ``numel`` elements, kept for the next op of the same dtype.
-
-        Ops run one at a time (every one goes through ``comm``, which takes one op
-        at a time), so one buffer per dtype, the largest asked for, serves them all.
-        A new tensor per op is memory the kernel maps and zeroes again at every
-        call (2 hosts x 2 ranks, float32 64 MiB dist.all_reduce: 107 -> 84 ms with
-        this alone, Intel Xeon, 2 vCPUs).
-        """
-        held = self._scratch_by_dtype.get(dtype)
-        if held is None or held.numel() < numel:
-            held = torch.empty(numel, dtype=dtype)
-            self._scratch_by_dtype[dtype] = held
-        return held[:numel]
+        #: Each host's global ranks, as index tensors.
+        self._host_ranks = [torch.tensor(ranks, dtype=torch.int64) for ranks in hosts]
+        #: Equal hosts whose ranks are consecutive: host h holds rows h * local_size ... of a rank-ordered tensor.
+        self._host_blocks = self._sharded and all(
+            ranks == list(range(h * local_size, (h + 1) * local_size)) for h, ranks in enumerate(hosts))
+        self._scratch = ScratchBuffers()
 
     @property
     def _leader(self) -> bool:
@@ -172,17 +151,16 @@ class HostCollectives:
         if padded_elems == numel:
             staging = flat
         else:
-            staging = torch.empty(padded_elems, dtype=flat.dtype)
-            _copy_on_this_thread(staging[:numel], flat)
+            staging = self._scratch.get("staging", padded_elems, flat.dtype)
+            copy_on_this_thread(staging[:numel], flat)
             staging[numel:].zero_()
-        shard = self._scratch(shard_elems, flat.dtype)
+        shard = self._scratch.get("shard", shard_elems, flat.dtype)
         self.comm.reduce_scatter(shard, staging, _in_host(op), timeout=self.timeout_s)
         self._cross().all_reduce(shard, _in_host(op))
         self._finish_avg(shard, op)
-        gathered = flat if padded_elems == numel else torch.empty(padded_elems, dtype=flat.dtype)
-        self.comm.all_gather(gathered, shard, timeout=self.timeout_s)
-        if gathered is not flat:
-            _copy_on_this_thread(flat, gathered[:numel])
+        self.comm.all_gather(staging, shard, timeout=self.timeout_s)
+        if staging is not flat:
+            copy_on_this_thread(flat, staging[:numel])
 
     def _all_reduce_through_leaders(self, tensor: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(tensor, _in_host(op), timeout=self.timeout_s)
@@ -206,11 +184,15 @@ class HostCollectives:
             self._all_reduce_through_leaders(reduced.view(-1), op)
             output.view(-1).copy_(reduced[self.topology.rank])
             return
-        # Rows in [local index][host] order: the in-host reduce-scatter gives local rank i the
-        # rows of the ranks with local index i, whose reduce-scatter across hosts gives each its own.
-        by_local_index = rows.index_select(0, self._by_local_index)
-        shard = self._scratch(len(self.topology.hosts) * output.numel(), output.dtype)
-        self.comm.reduce_scatter(shard, by_local_index.view(-1), _in_host(op), timeout=self.timeout_s)
+        # Per host h, local rank i gets the sum of row hosts[h][i] over its host's ranks (the rows of
+        # host h's ranks: block h of the input when ranks are consecutive); the reduce-scatter of those
+        # across hosts gives each rank its own row.
+        hosts = self.topology.hosts
+        shard = self._scratch.get("shard", len(hosts) * output.numel(), output.dtype)
+        blocks = input.view(len(hosts), -1) if self._host_blocks else None
+        for host, part in enumerate(shard.view(len(hosts), -1)):
+            block = blocks[host] if blocks is not None else rows.index_select(0, self._host_ranks[host]).view(-1)
+            self.comm.reduce_scatter(part, block, _in_host(op), timeout=self.timeout_s)
         self._cross().reduce_scatter(output.view(-1), shard, _in_host(op))
         self._finish_avg(output, op)
 
@@ -225,23 +207,27 @@ class HostCollectives:
             return
         rows = output.view(self.world_size, -1)
         hosts = self.topology.hosts
-        if self._sharded:
-            across = torch.empty(len(hosts) * input.numel(), dtype=input.dtype)
-            self._cross().all_gather(across, input.view(-1))
-            by_local_index = torch.empty_like(rows)
-            self.comm.all_gather(by_local_index.view(-1), across, timeout=self.timeout_s)
-            rows.index_copy_(0, self._by_local_index, by_local_index)
+        if self._sharded:  # this local index's input from every other host, then in each host
+            others = self._scratch.get("others", (len(hosts) - 1) * input.numel(), input.dtype)
+            self._cross().gather_others(others, input.view(-1))
+            host_elems = input.numel() * len(self.topology.local_ranks)
+            staging = None if self._host_blocks else self._scratch.get("staging", host_elems, input.dtype)
+            blocks = output.view(len(hosts), -1)
+            for host, part in enumerate(_in_host_order(others, input.view(-1), self.topology.host_index)):
+                self.comm.all_gather(blocks[host] if staging is None else staging, part, timeout=self.timeout_s)
+                if staging is not None:  # host h's ranks are not consecutive: to their rows
+                    rows.index_copy_(0, self._host_ranks[host], staging.view(-1, input.numel()))
             return
         local = torch.empty(len(self.topology.local_ranks), input.numel(), dtype=input.dtype)
         self.comm.all_gather(local.view(-1), input.view(-1), timeout=self.timeout_s)
-        if self._leader:  # host blocks padded to the largest host: gloo gathers equal sizes
+        if self._leader:  # host blocks padded to the largest host: every member sends the same size
             largest = max(len(ranks) for ranks in hosts)
             padded = torch.zeros(largest, input.numel(), dtype=input.dtype)
             padded[:len(local)] = local
-            every = torch.empty(len(hosts), largest, input.numel(), dtype=input.dtype)
-            self._cross().all_gather(every, padded)
-            for host, ranks in enumerate(hosts):
-                rows.index_copy_(0, torch.tensor(ranks), every[host, :len(ranks)])
+            others = torch.empty(len(hosts) - 1, largest, input.numel(), dtype=input.dtype)
+            self._cross().gather_others(others, padded)
+            for host, part in enumerate(_in_host_order(others, padded, self.topology.host_index)):
+                rows.index_copy_(0, self._host_ranks[host], part[:len(hosts[host])])
         self.comm.broadcast(output, 0, timeout=self.timeout_s)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
@@ -273,6 +259,12 @@ class HostCollectives:
             if self._leader:
                 self._cross().barrier()
             self.comm.barrier(timeout=self.timeout_s)
+
+
+def _in_host_order(others: torch.Tensor, own: torch.Tensor, host_index: int) -> list[torch.Tensor]:
+    """Every host's part: ``others`` (every other host's, in host order) with ``own`` put in at ``host_index``."""
+    parts = list(others.view(-1, *own.shape))
+    return parts[:host_index] + [own] + parts[host_index:]
 
 
 def _in_host(op: str) -> str:

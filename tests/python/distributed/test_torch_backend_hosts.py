@@ -55,7 +55,8 @@ def _check_against_gloo(reference, results, expected_hosts, transport="gloo"):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [[2, 2], pytest.param([1, 3], marks=pytest.mark.stress),
+                                   pytest.param([2, 2, 2], marks=pytest.mark.stress)], ids=["2+2", "1+3", "2+2+2"])
 def test_hierarchical_collectives_match_flat_gloo(sizes, tmp_path):
     """Every accelerated op, composed across hosts, gives gloo's results; every host's /dev/shm ends empty."""
     world = sum(sizes)
@@ -94,7 +95,8 @@ def _mpi_unavailable():
 
 @pytest.mark.skipif(_mpi_unavailable() is not None, reason=str(_mpi_unavailable()))
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sizes", [pytest.param([2, 2], marks=pytest.mark.stress), pytest.param([1, 3], marks=pytest.mark.stress)], ids=["2+2", "1+3"])
+@pytest.mark.parametrize("sizes", [[2, 2]] + [pytest.param(sizes, marks=pytest.mark.stress) for sizes in ([1, 3], [2, 2, 2])],
+                         ids=["2+2", "1+3", "2+2+2"])
 def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
     """Ranks started by mpirun (MPI over TCP) in simulated hosts: the cross-host step goes through MPI
     (the groups' transport and call counts say so), and every op still gives flat gloo's results."""
@@ -111,16 +113,25 @@ def test_cross_host_step_runs_over_mpi_under_mpirun(sizes, tmp_path):
     _check_against_gloo(reference, results, _hosts_of(sizes), transport="mpi")
 
 
+#: Every accelerated collective, each killed-rank case runs one; all_reduce also kills a rank of host 0.
+_COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"]
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.stress)], ids=["non-leader", "leader"])
-def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, tmp_path):
-    """2 hosts x 2 ranks, one rank SIGKILLed in the middle: the survivors on both hosts raise naming it
-    within the process group's timeout, and neither host's /dev/shm keeps a segment."""
+@pytest.mark.parametrize("victim,op", [(1, "all_reduce")] + [(3, op) for op in _COLLECTIVES] + [
+    pytest.param(2, op, marks=pytest.mark.stress) for op in _COLLECTIVES],
+    ids=["host0-non-leader-all_reduce"] + [f"host1-non-leader-{op}" for op in _COLLECTIVES] + [
+        f"host1-leader-{op}" for op in _COLLECTIVES])
+def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, op, tmp_path):
+    """2 hosts x 2 ranks, one rank SIGKILLed while the others run `op`: the survivors on both hosts (the
+    store's rank 0 among them: ranks 2 and 3 are on the other host) raise PeerLostError naming it within the
+    process group's timeout, and neither host's /dev/shm keeps a segment. A broadcast (from rank 3) whose
+    path to a rank does not pass the victim may complete there: that rank raises in the all_reduce after."""
     pg_timeout, world = 20.0, 4
     out = _out(tmp_path, "tx")
     with SimulatedHosts([2, 2]) as hosts:
         processes = workers.start("victim", world, "tensorxfer", out, wrappers=hosts.wrappers,
-                                  pg_timeout_s=pg_timeout, extra=f"{victim},all_reduce")
+                                  pg_timeout_s=pg_timeout, extra=f"{victim},{op}")
         outputs, elapsed = workers.kill_and_finish(processes, victim, timeout_s=pg_timeout + 30)
         deadline = time.monotonic() + 5.0  # the survivors' exits unlink what the victim left
         listings = [hosts.shm_listing(host) for host in range(2)]
@@ -133,6 +144,31 @@ def test_killed_rank_across_hosts_is_named_within_the_timeout(victim, tmp_path):
             continue
         assert code == 0, text
         result = torch.load(os.path.join(out, f"{rank}.pt"))
-        assert result["error"] is not None and f"rank {victim}" in result["error"], (rank, result)
+        assert result["error"] is not None, (rank, result)
+        assert result["error"].startswith("PeerLostError") and f"rank {victim} " in result["error"], (rank, result)
+        if op != "broadcast":  # every rank's result needs the victim's data (or its presence, for barrier)
+            assert not result["op_completed"], (rank, result)
         assert result["seconds"] < pg_timeout, (rank, result)
     assert elapsed < pg_timeout + 15
+
+
+@pytest.mark.timeout(200)
+def test_every_collective_runs_a_cross_host_step(tmp_path):
+    """2 hosts x 2 ranks: each accelerated op, run once, makes its cross-host call on the ranks that carry it
+    (every rank; broadcast: the root's local index; barrier: the hosts' first ranks) and none goes to flat
+    gloo; a barrier that rank 3 (host 1) enters late holds host 0's ranks until it arrives."""
+    late_s, world = 1.5, 4
+    with SimulatedHosts([2, 2]) as hosts:
+        results = workers.launch("host_steps", world, "tensorxfer", _out(tmp_path, "tx"), timeout_s=150,
+                                 wrappers=hosts.wrappers, extra=str(late_s))
+    every = ["all_reduce", "all_reduce/small", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+             "reduce_scatter_tensor"]
+    for rank, result in enumerate(results):
+        assert result.pop("delegated_ops") == 0, rank
+        waited = result.pop("barrier_wait")
+        if rank != world - 1:
+            assert waited >= late_s - 0.3, (rank, waited)
+        expected = {name: 1 for name in every}
+        expected["broadcast"] = 1 if rank % 2 == 1 else 0  # root 3 has local index 1
+        expected["barrier"] = 1 if rank % 2 == 0 else 0
+        assert result == {f"cross_calls/{name}": calls for name, calls in expected.items()}, rank

@@ -217,25 +217,33 @@ def scenario_fsdp(rank: int, world: int, extra: str) -> Dict[str, Any]:
 
 
 def scenario_victim(rank: int, world: int, extra: str) -> Dict[str, Any]:
-    """Rank ``extra`` blocks forever after a first all_reduce (the test kills it); the others all_reduce again."""
+    """``extra`` "VICTIM,OP": rank VICTIM blocks forever after a first all_reduce (the test kills it); the
+    others run OP (all_reduce, all_gather, reduce_scatter, broadcast from the last rank, barrier, delegated),
+    then an all_reduce if OP completed."""
     import torch
     import torch.distributed as dist
 
-    victim = int(extra.split(",")[0])
-    delegated = extra.endswith(",delegated")
+    victim, op = int(extra.split(",")[0]), extra.split(",")[1]
+    run = {"all_reduce": lambda: dist.all_reduce(torch.ones(1 << 16)),
+           "all_gather": lambda: dist.all_gather_into_tensor(torch.empty(world << 14), torch.ones(1 << 14)),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(torch.empty(1 << 14), torch.ones(world << 14)),
+           "broadcast": lambda: dist.broadcast(torch.ones(1 << 16), world - 1),
+           "barrier": dist.barrier,
+           "delegated": lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world))}[op]
     dist.all_reduce(torch.ones(8))
     if rank == victim:
         print("READY", flush=True)
         time.sleep(3600)
     started = time.monotonic()
+    completed = False  # OP did not need the victim on this rank (a broadcast's path may not pass it)
     try:
-        if delegated:
-            dist.all_to_all_single(torch.empty(world), torch.ones(world))
-        else:
-            dist.all_reduce(torch.ones(1 << 16))
+        run()
+        completed = True
+        dist.all_reduce(torch.ones(8))
     except Exception as error:  # noqa: BLE001 - what the test checks
-        return {"error": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - started}
-    return {"error": None, "seconds": time.monotonic() - started}
+        return {"error": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - started,
+                "op_completed": completed}
+    return {"error": None, "seconds": time.monotonic() - started, "op_completed": completed}
 
 
 def scenario_mismatch(rank: int, world: int, extra: str) -> Dict[str, Any]:
@@ -326,6 +334,41 @@ def scenario_hosts(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return out
 
 
+def scenario_host_steps(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Each accelerated op once (broadcast from the last rank): the cross-host calls it made on this rank;
+    then a barrier that the last rank enters ``extra`` seconds late, and how long this rank waited in it."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    cross = group.cross_host
+    big, small = 1 << 18, 10  # all_reduce: the sharded and the replicated path
+    ops = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(big)),
+        "all_reduce/small": lambda: dist.all_reduce(torch.ones(small)),
+        "reduce": lambda: dist.reduce(torch.ones(big), world - 1),
+        "all_gather": lambda: dist.all_gather([torch.empty(small) for _ in range(world)], torch.ones(small)),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(world * big), torch.ones(big)),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.empty(small), [torch.ones(small)] * world),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(big), torch.ones(world * big)),
+        "broadcast": lambda: dist.broadcast(torch.ones(big), world - 1),
+        "barrier": dist.barrier,
+    }
+    out: Dict[str, Any] = {"delegated_ops": group.delegated_ops}
+    for name, op in ops.items():
+        before = cross.calls if cross is not None else 0
+        op()
+        out[f"cross_calls/{name}"] = (cross.calls if cross is not None else 0) - before
+    out["delegated_ops"] = group.delegated_ops - out["delegated_ops"]
+    dist.all_reduce(torch.ones(1))  # everyone here before the late barrier
+    if rank == world - 1:
+        time.sleep(float(extra))
+    started = time.monotonic()
+    dist.barrier()
+    out["barrier_wait"] = time.monotonic() - started
+    return out
+
+
 def scenario_no_destroy(rank: int, world: int, extra: str) -> Dict[str, Any]:
     """One all_reduce; then the program ends without destroy_process_group()."""
     import torch
@@ -362,6 +405,7 @@ SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
     "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
     "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
     "interrupt": scenario_interrupt, "hosts": scenario_hosts, "no_destroy": scenario_no_destroy,
+    "host_steps": scenario_host_steps,
 }
 
 
