@@ -32,23 +32,40 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
         self._runner = runner
         self._outputs = outputs
         self._done = threading.Event()
+        self._finished = False  # the op ended (its future, when there is one, may still be completing)
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None  # made on first get_future()
         self._future_lock = threading.Lock()
+        self._source: Optional[int] = None  # a completed receive's sender
 
     def _complete(self, future: torch.futures.Future) -> None:
-        if self._error is None:
-            future.set_result(self._outputs)
-        else:
-            future.set_exception(self._error)
+        """Completes ``future`` (running its callbacks on this thread), then the work, as gloo does."""
+        try:
+            if self._error is None:
+                future.set_result(self._outputs)
+            else:
+                future.set_exception(self._error)
+        finally:
+            self._done.set()
 
-    def finish(self, error: Optional[BaseException] = None) -> None:
-        """Completes the work (on the thread that ran it): result, or ``error``."""
+    def finish(self, error: Optional[BaseException] = None, source_rank: Optional[int] = None) -> None:
+        """Completes the work (on the thread that ran it): result, or ``error``; a receive names its sender.
+
+        A future asked for already is completed by the runner's :class:`FutureCompleter`, not here: its
+        callbacks (a DDP comm hook's ``then``) may start another op and wait for it, which the thread
+        running ops must stay free to run. The work counts as done once its future is.
+        """
+        self._source = source_rank
         with self._future_lock:
             self._error = error
-            self._done.set()
+            self._finished = True
             future = self._future
-        if future is not None:
+            if future is None:
+                self._done.set()
+                return
+        if self._runner is not None:
+            self._runner.futures.complete(self, future)
+        else:
             self._complete(future)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -80,8 +97,8 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
                 return self._future
             future: torch.futures.Future = torch.futures.Future()
             self._future = future
-            done = self._done.is_set()
-        if done:
+            finished = self._finished
+        if finished:  # asked after the op ended: completed here (finish() saw no future)
             self._complete(future)
         return future
 
@@ -91,6 +108,12 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
 
     def synchronize(self) -> None:
         self.wait()
+
+    def _source_rank(self) -> int:
+        """The rank a completed receive got its data from (``dist.recv``/``irecv`` with no source ask it)."""
+        if self._source is None:
+            raise RuntimeError(f"tensorxfer backend: {self.name} has no source rank (only a completed receive has one)")
+        return self._source
 
 
 class CompletedWork(dist._Work):  # type: ignore[misc,name-defined]
@@ -127,6 +150,60 @@ class CompletedWork(dist._Work):  # type: ignore[misc,name-defined]
         pass
 
 
+class FutureCompleter:
+    """Completes works' futures on threads of its own, so their callbacks never hold up the ops.
+
+    A callback may start another op and wait for its future (PowerSGD's comm hook does): on
+    the thread that runs ops that would wait forever. A callback that blocks keeps its thread;
+    the next completion then starts another. A thread idle for :data:`IDLE_S` leaves (all but
+    one, until :meth:`stop`).
+    """
+
+    IDLE_S = 10.0
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: "collections.deque[tuple]" = collections.deque()
+        self._idle = 0
+        self._threads = 0
+        self._stopping = False
+
+    def complete(self, work: Work, future: torch.futures.Future) -> None:
+        """Completes ``future`` with ``work``'s outcome, then ``work`` (:meth:`Work._complete`), on a thread of this object."""
+        with self._cond:
+            self._pending.append((work, future))
+            if self._idle >= len(self._pending):  # an idle thread for each waiting future
+                self._cond.notify()
+                return
+            self._threads += 1
+        threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True).start()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                self._idle += 1
+                while not self._pending and not self._stopping:
+                    if not self._cond.wait(self.IDLE_S) and not self._pending and self._threads > 1:
+                        break
+                self._idle -= 1
+                if not self._pending:  # idle while others wait, or stopping
+                    self._threads -= 1
+                    return
+                work, future = self._pending.popleft()
+                self._cond.release()
+                try:
+                    work._complete(future)
+                finally:
+                    self._cond.acquire()
+
+    def stop(self) -> None:
+        """Lets the threads leave once nothing is left to complete."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+
 class OpThread:
     """Runs submitted ops one at a time, in submission order; ``on_error`` maps failures.
 
@@ -150,6 +227,7 @@ class OpThread:
         self._on_error = on_error
         self._on_idle = on_idle
         self.failure: Optional[BaseException] = None
+        self.futures = FutureCompleter(f"{name}-futures")
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -261,6 +339,7 @@ class OpThread:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        self.futures.stop()
         return not self._thread.is_alive()
 
 
@@ -278,21 +357,23 @@ class CompletionThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def finish_when_done(self, inner: Any, work: Work) -> None:
-        self._queue.put((inner, work))
+    def finish_when_done(self, inner: Any, work: Work, receives: bool = False) -> None:
+        """Finishes ``work`` once ``inner`` completes; a receive (``receives``) takes its sender from ``inner``."""
+        self._queue.put((inner, work, receives))
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            inner, work = item
+            inner, work, receives = item
             try:
                 inner.wait()
+                source = inner._source_rank() if receives else None
             except BaseException as error:  # noqa: BLE001
                 work.finish(self._on_error(work.name, error))
             else:
-                work.finish()
+                work.finish(source_rank=source)
 
     def stop(self, timeout: float) -> bool:
         self._queue.put(None)
