@@ -28,11 +28,12 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
+from torch.distributed import PrefixStore, ProcessGroupGloo
 
+from tensorxfer.distributed.reduce_ops import REDUCE_OPS
 from tensorxfer.distributed.topology import Topology
+from tensorxfer.distributed.torch_private import AllgatherOptions
 
-_GLOO_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 _HALF = (torch.bfloat16, torch.float16)
 _MPIRUN_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 CHOICE_VARIABLE = "TENSORXFER_DIST_CROSS_HOST"
@@ -75,7 +76,7 @@ class GlooCrossHost:
     def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         self.calls += 1
         options = dist.AllreduceOptions()
-        options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]  # torch converts the enum
+        options.reduceOp = REDUCE_OPS[op]  # type: ignore[assignment]  # torch converts the enum
         self._wait(self._group.allreduce([tensor], options))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
@@ -85,7 +86,7 @@ class GlooCrossHost:
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         self.calls += 1
         options = dist.ReduceScatterOptions()
-        options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]
+        options.reduceOp = REDUCE_OPS[op]  # type: ignore[assignment]
         # gloo's reduce-scatter work has no future (and only progresses in wait()): not watched
         self._group._reduce_scatter_base(output.view(-1), input.view(-1), options).wait()
 

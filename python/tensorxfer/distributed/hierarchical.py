@@ -27,16 +27,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
 from tensorxfer.distributed.cross_host import CrossHost
+from tensorxfer.distributed.reduce_ops import REDUCE_OPS
 from tensorxfer.distributed.topology import Topology
 from tensorxfer.runtime import Communicator
 
 #: Communicator's reduction dtypes (all_gather and broadcast copy any dtype).
 REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-#: torch reduce ops Communicator runs, by their Communicator name.
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 # Every synchronous op looks these up: a set and a tuple are the cheapest forms.
 _REDUCE_DTYPE_SET = frozenset(REDUCE_DTYPES)
 _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
