@@ -58,8 +58,11 @@ def _copy_on_this_thread(destination: torch.Tensor, source: torch.Tensor) -> Non
         destination[start:start + _TORCH_GRAIN].copy_(source[start:start + _TORCH_GRAIN])
 
 
-def op_name(reduce_op: Any) -> Optional[str]:
-    """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
+def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
+    """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None
+    (a dtype it does not reduce; product, premul_sum, bitwise ops). One call: every synchronous op asks."""
+    if tensor.dtype not in _REDUCE_DTYPE_SET:
+        return None
     try:
         for name, torch_op in _REDUCE_OP_ITEMS:
             if reduce_op == torch_op:
@@ -67,13 +70,6 @@ def op_name(reduce_op: Any) -> Optional[str]:
     except TypeError:
         return None
     return None
-
-
-def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
-    """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None."""
-    if tensor.dtype not in _REDUCE_DTYPE_SET:
-        return None
-    return op_name(reduce_op)
 
 
 class HostCollectives:

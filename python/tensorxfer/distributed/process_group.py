@@ -234,12 +234,12 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         host = self._host
         run = None
         if len(tensors) == 1:
-            tensor = _data(tensors[0])
+            tensor = tensors[0]
             op = reducible(tensor, opts.reduceOp)
-            if op is not None and tensor.is_contiguous():
+            if op is not None and tensor.is_contiguous() and not tensor.requires_grad:
                 run = lambda: host.all_reduce(tensor, op)  # noqa: E731
             elif op is not None and tensor.layout == torch.strided:  # sparse ones go to gloo
-                run = lambda: _contiguous_run(tensor, lambda t: host.all_reduce(t, op))  # noqa: E731
+                run = lambda: _contiguous_run(_data(tensor), lambda t: host.all_reduce(t, op))  # noqa: E731
         return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
