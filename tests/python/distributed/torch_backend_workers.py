@@ -175,6 +175,19 @@ def scenario_random_sum(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return out
 
 
+def _train(model: Any, rank: int, steps: int, batch: tuple, momentum: float = 0.0) -> None:
+    """``steps`` of SGD on the mean square of ``model``'s output, on random batches of shape ``batch`` seeded by rank."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        loss = model(torch.randn(*batch, generator=data)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def scenario_ddp(rank: int, world: int, extra: str) -> Dict[str, Any]:
     """20 DDP steps on a small MLP; returns the final parameters."""
     import torch
@@ -184,14 +197,7 @@ def scenario_ddp(rank: int, world: int, extra: str) -> Dict[str, Any]:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                 torch.nn.ReLU(), torch.nn.Linear(64, 4))
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)   # several buckets: overlap with backward
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(20):
-        x = torch.randn(16, 32, generator=data)
-        loss = ddp(x).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    _train(ddp, rank, steps=20, batch=(16, 32), momentum=0.9)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -206,13 +212,7 @@ def scenario_fsdp(rank: int, world: int, extra: str) -> Dict[str, Any]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(5):
-        loss = model(torch.randn(8, 16, generator=data)).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    _train(model, rank, steps=5, batch=(8, 16))
     return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
 
 
@@ -437,13 +437,7 @@ def scenario_future_hooks(rank: int, world: int, extra: str) -> Dict[str, Any]:
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
         ddp.register_comm_hook(make_state(), hook)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        data = torch.Generator().manual_seed(100 + rank)
-        for _ in range(5):
-            loss = ddp(torch.randn(16, 32, generator=data)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        _train(ddp, rank, steps=5, batch=(16, 32))
         for key, p in model.named_parameters():
             out[f"{name}/{key}"] = p.detach().clone()
     return out
