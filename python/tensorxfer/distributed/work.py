@@ -51,9 +51,9 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
     def finish(self, error: Optional[BaseException] = None, source_rank: Optional[int] = None) -> None:
         """Completes the work (on the thread that ran it): result, or ``error``; a receive names its sender.
 
-        A future asked for already is completed by the runner's :class:`FutureCompleter`, not here: its
-        callbacks (a DDP comm hook's ``then``) may start another op and wait for it, which the thread
-        running ops must stay free to run. The work counts as done once its future is.
+        A future asked for already is completed once the thread that ran the op has ended its turn
+        (:meth:`OpThread._future_ready`): its callbacks (a DDP comm hook's ``then``) may start another
+        op and wait for it. The work counts as done once its future is, as in gloo.
         """
         self._source = source_rank
         with self._future_lock:
@@ -64,7 +64,7 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
                 self._done.set()
                 return
         if self._runner is not None:
-            self._runner.futures.complete(self, future)
+            self._runner._future_ready(self, future)
         else:
             self._complete(future)
 
@@ -150,60 +150,6 @@ class CompletedWork(dist._Work):  # type: ignore[misc,name-defined]
         pass
 
 
-class FutureCompleter:
-    """Completes works' futures on threads of its own, so their callbacks never hold up the ops.
-
-    A callback may start another op and wait for its future (PowerSGD's comm hook does): on
-    the thread that runs ops that would wait forever. A callback that blocks keeps its thread;
-    the next completion then starts another. A thread idle for :data:`IDLE_S` leaves (all but
-    one, until :meth:`stop`).
-    """
-
-    IDLE_S = 10.0
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._cond = threading.Condition()
-        self._pending: "collections.deque[tuple]" = collections.deque()
-        self._idle = 0
-        self._threads = 0
-        self._stopping = False
-
-    def complete(self, work: Work, future: torch.futures.Future) -> None:
-        """Completes ``future`` with ``work``'s outcome, then ``work`` (:meth:`Work._complete`), on a thread of this object."""
-        with self._cond:
-            self._pending.append((work, future))
-            if self._idle >= len(self._pending):  # an idle thread for each waiting future
-                self._cond.notify()
-                return
-            self._threads += 1
-        threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True).start()
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                self._idle += 1
-                while not self._pending and not self._stopping:
-                    if not self._cond.wait(self.IDLE_S) and not self._pending and self._threads > 1:
-                        break
-                self._idle -= 1
-                if not self._pending:  # idle while others wait, or stopping
-                    self._threads -= 1
-                    return
-                work, future = self._pending.popleft()
-                self._cond.release()
-                try:
-                    work._complete(future)
-                finally:
-                    self._cond.acquire()
-
-    def stop(self) -> None:
-        """Lets the threads leave once nothing is left to complete."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-
-
 class OpThread:
     """Runs submitted ops one at a time, in submission order; ``on_error`` maps failures.
 
@@ -213,6 +159,12 @@ class OpThread:
     while async ops (DDP's buckets) still overlap with the caller. After the
     first failure every later op fails without running (the ranks are out of
     step), as gloo's process group does.
+
+    A finished op's future is completed, and its callbacks run, by the thread
+    that ran the op once its turn has ended. A callback may start an op and
+    wait for its future (PowerSGD's comm hook does) while the thread it runs on
+    is the one that would run that op: :meth:`submit` then starts a helper
+    thread that runs the queue until it is empty.
     """
 
     def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException],
@@ -227,7 +179,9 @@ class OpThread:
         self._on_error = on_error
         self._on_idle = on_idle
         self.failure: Optional[BaseException] = None
-        self.futures = FutureCompleter(f"{name}-futures")
+        self._ready: "collections.deque[tuple]" = collections.deque()  # (work, future) to complete
+        self._in_callbacks: set = set()  # threads running futures' callbacks
+        self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -237,7 +191,43 @@ class OpThread:
         with self._cond:
             self._pending.append((body, work))
             self._cond.notify()
+        if threading.get_ident() in self._in_callbacks:  # the thread that would run it may be this one
+            threading.Thread(target=self._help, name=f"{self._name}-helper", daemon=True).start()
         return work
+
+    def _help(self) -> None:
+        """Runs queued ops until none is left (see the class docstring)."""
+        while True:
+            with self._cond:
+                if not self._pending:
+                    return
+                if not self._busy.acquire(False):  # another thread runs one: look again when it ends
+                    self._cond.wait(WAIT_SLICE_S)
+                    continue
+                if not self._pending:
+                    self._busy.release()
+                    return
+                body, work = self._pending.popleft()
+            self._execute(body, work)
+
+    def _future_ready(self, work: Work, future: torch.futures.Future) -> None:
+        """Completes ``future`` once no op runs: at once, or after the running op's turn (:meth:`_release`)."""
+        self._ready.append((work, future))
+        if not self._busy.locked():  # else the thread holding the turn completes it on release
+            self._complete_ready()
+
+    def _complete_ready(self) -> None:
+        me = threading.get_ident()
+        while self._ready:
+            try:
+                work, future = self._ready.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self._in_callbacks.add(me)
+            try:
+                work._complete(future)
+            finally:
+                self._in_callbacks.discard(me)
 
     def run_now(self, name: str, outputs: List[Any], run: Callable[[], None]) -> Optional[dist._Work]:  # type: ignore[name-defined]
         """Runs ``run()`` on the calling thread if nothing is queued or running; else None (queue it instead).
@@ -273,6 +263,8 @@ class OpThread:
         if self._pending or self._stopping:
             with self._cond:
                 self._cond.notify_all()
+        if self._ready:
+            self._complete_ready()
 
     @property
     def queued(self) -> bool:
@@ -339,7 +331,6 @@ class OpThread:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        self.futures.stop()
         return not self._thread.is_alive()
 
 
