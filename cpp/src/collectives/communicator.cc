@@ -27,19 +27,57 @@ std::size_t round_up_page(std::size_t value) {
   return (value + kPage - 1) / kPage * kPage;
 }
 
-const char* collective_name(uint32_t kind) {
-  switch (static_cast<Collective>(kind & 0xff)) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kBarrier: return "barrier";
+const char* reduce_op_name(uint32_t kind) {
+  switch (static_cast<ReduceOp>(kind >> 8 & 0xff)) {
+    case ReduceOp::kSum: return "SUM";
+    case ReduceOp::kAvg: return "AVG";
+    case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kMin: return "MIN";
   }
   return "?";
 }
-std::string describe(const OpDescriptor& d) {
-  return detail::concat(collective_name(d.kind), "(kind=0x", std::hex, d.kind, std::dec, ", dtype=0x", std::hex,
-                        d.dtype, std::dec, ", nbytes=", d.nbytes, ", aux=", d.aux, ")");
+
+// The inverse of encode_dtype.
+DLDataType decode_dtype(uint32_t code) {
+  return DLDataType{static_cast<uint8_t>(code >> 16), static_cast<uint8_t>(code >> 8 & 0xff),
+                    static_cast<uint16_t>(code & 0xff)};
+}
+
+std::string elements_text(const OpDescriptor& d) {
+  const DLDataType dtype = decode_dtype(d.dtype);
+  const uint64_t element_bytes = (uint64_t{dtype.bits} * std::max<uint16_t>(dtype.lanes, 1) + 7) / 8;
+  if (element_bytes == 0 || d.nbytes % element_bytes != 0) return detail::concat(d.nbytes, " bytes");
+  return detail::concat(d.nbytes / element_bytes, " elements");
+}
+
+// An operation in the caller's words, as "all_reduce(SUM, float32, 2097152 elements)". How an all-reduce
+// ran (its algorithm; in place in the communicator's buffer or copied) follows from its size unless the
+// caller chose it: it is added only where `other`, the operation set against this one, is the same call
+// run differently, as only then does it explain the mismatch.
+std::string describe(const OpDescriptor& d, const OpDescriptor& other) {
+  const std::string dtype = dtype_name(decode_dtype(d.dtype));
+  switch (static_cast<Collective>(d.kind & 0xff)) {
+    case Collective::kAllReduce: {
+      std::string text = detail::concat("all_reduce(", reduce_op_name(d.kind), ", ", dtype, ", ", elements_text(d));
+      const bool same_call = (d.kind & 0xffff) == (other.kind & 0xffff) && d.dtype == other.dtype &&
+                             d.nbytes == other.nbytes;
+      if (same_call && (d.kind >> 16) != (other.kind >> 16)) {
+        text += detail::concat(", ", algorithm_name(static_cast<Algorithm>(d.kind >> 16)));
+      }
+      if (same_call && d.aux != other.aux) {
+        text += d.aux ? detail::concat(", in place at byte ", d.aux - 1, " of the buffer") : ", copied";
+      }
+      return text + ")";
+    }
+    case Collective::kAllGather: return detail::concat("all_gather(", dtype, ", ", elements_text(d), " per rank)");
+    case Collective::kReduceScatter:
+      return detail::concat("reduce_scatter(", reduce_op_name(d.kind), ", ", dtype, ", ", elements_text(d),
+                            " in all)");
+    case Collective::kBroadcast:
+      return detail::concat("broadcast(", dtype, ", ", elements_text(d), ", root ", d.aux, ")");
+    case Collective::kBarrier: return "barrier()";
+  }
+  return detail::concat("an unknown operation (kind ", d.kind, ")");
 }
 
 std::string seconds_text(std::chrono::nanoseconds timeout) {
@@ -256,8 +294,8 @@ uint64_t Communicator::start_barrier(Call& call, const OpDescriptor& descriptor)
     const OpDescriptor& theirs = barrier_.descriptor_of(rank, sequence);
     if (!(theirs == descriptor)) {
       throw InvalidArgument(detail::concat(call.operation, ": ranks called different operations: rank ", this->rank(),
-                                           " called ", describe(descriptor), ", rank ", rank, " called ",
-                                           describe(theirs), " (every rank must make the same calls with the same "
+                                           " called ", describe(descriptor, theirs), ", rank ", rank,
+                                           " called ", describe(theirs, descriptor), " (every rank must make the same calls with the same "
                                            "sizes, dtypes and options)"));
     }
   }

@@ -27,12 +27,12 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch.distributed import PrefixStore, ProcessGroupGloo
 
+from tensorxfer.distributed.reduce_ops import REDUCE_OPS
 from tensorxfer.distributed.scratch import ScratchBuffers, copy_on_this_thread, pieces_on_this_thread
 from tensorxfer.distributed.topology import Topology
 
-_GLOO_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 #: The cross-host reduce-scatter's own reduction of the blocks it received (elementwise, ``out=``).
 _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
 _HALF = (torch.bfloat16, torch.float16)
@@ -81,7 +81,7 @@ class GlooCrossHost:
     def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         self.calls += 1
         options = dist.AllreduceOptions()
-        options.reduceOp = _GLOO_OPS[op]  # type: ignore[assignment]  # torch converts the enum
+        options.reduceOp = REDUCE_OPS[op]  # type: ignore[assignment]  # torch converts the enum
         self._wait(self._group.allreduce([tensor], options))
 
     def gather_others(self, others: torch.Tensor, input: torch.Tensor) -> None:

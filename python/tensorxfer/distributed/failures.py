@@ -25,7 +25,7 @@ LOOKUP_S = 1.0
 
 
 class FailureReporter:
-    """Maps an op's error to the one every waiter gets (``describe``)."""
+    """Handles an op's failure (:meth:`on_op_failure`): the error every waiter gets, naming the lost rank."""
 
     def __init__(self, store: Any, topology: Topology, group: Any, release: Callable[[], None]) -> None:
         self._store = store
@@ -85,9 +85,19 @@ class FailureReporter:
                 return
             time.sleep(0.02)
 
-    def describe(self, op: str, error: BaseException) -> BaseException:
+    def on_op_failure(self, op: str, error: BaseException) -> BaseException:
+        """Handles the failure of ``op``: names the lost rank (:meth:`_name_lost_rank`), releases this
+        host's shared memory (its ranks blocked on this one notice at once) and returns the error every
+        waiter gets (:meth:`_error_for`). A KeyboardInterrupt is returned as it is."""
         if isinstance(error, KeyboardInterrupt):
             return error
+        lost = self._name_lost_rank()
+        self._release()
+        return self._error_for(op, error, lost)
+
+    def _name_lost_rank(self) -> Optional[str]:
+        """The rank that died, if any is known: published by another rank, else a rank of this host seen
+        dead (published here), else published within :data:`LOOKUP_S`. A name read is acknowledged."""
         lost = self._published(0.0)
         if lost is None:
             dead = self._dead_local_ranks()
@@ -99,11 +109,15 @@ class FailureReporter:
         if lost is not None:
             self._named = lost
             self._acknowledge()
-        self._release()  # this host's ranks blocked on us notice now
+        return lost
+
+    def _error_for(self, op: str, error: BaseException, lost: Optional[str]) -> BaseException:
         rank = self._topology.rank
         if lost is not None:
             return PeerLostError(f"tensorxfer backend: {op} on rank {rank} failed: rank {lost} died "
                                  f"or left the process group ({type(error).__name__}: {error})")
-        if isinstance(error, (PeerLostError, TimeoutError, ValueError, TypeError)):
+        if isinstance(error, TimeoutError):
+            return TimeoutError(f"tensorxfer backend: {op} on rank {rank} failed with a timeout ({error})")
+        if isinstance(error, (PeerLostError, ValueError, TypeError)):
             return type(error)(f"tensorxfer backend: {op} on rank {rank} failed: {error}")
         return error

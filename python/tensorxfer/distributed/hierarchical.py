@@ -33,17 +33,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
 from tensorxfer.distributed.cross_host import CrossHost
+from tensorxfer.distributed.reduce_ops import REDUCE_OPS
 from tensorxfer.distributed.scratch import ScratchBuffers, copy_on_this_thread
 from tensorxfer.distributed.topology import Topology
 from tensorxfer.runtime import Communicator
 
 #: Communicator's reduction dtypes (all_gather and broadcast copy any dtype).
 REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-#: torch reduce ops Communicator runs, by their Communicator name.
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 # Every synchronous op looks these up: a set and a tuple are the cheapest forms.
 _REDUCE_DTYPE_SET = frozenset(REDUCE_DTYPES)
 _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
@@ -52,8 +50,11 @@ _REDUCE_OP_ITEMS = tuple(REDUCE_OPS.items())
 #: Equal hosts: all-reduces up to this size go through :meth:`HostCollectives._all_reduce_replicated`.
 REPLICATED_MAX_BYTES = 256 << 10
 
-def op_name(reduce_op: Any) -> Optional[str]:
-    """Communicator's name for a torch ``ReduceOp``; None when it has none (product, premul_sum, bitwise)."""
+def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
+    """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None
+    (a dtype it does not reduce; product, premul_sum, bitwise ops). One call: every synchronous op asks."""
+    if tensor.dtype not in _REDUCE_DTYPE_SET:
+        return None
     try:
         for name, torch_op in _REDUCE_OP_ITEMS:
             if reduce_op == torch_op:
@@ -61,13 +62,6 @@ def op_name(reduce_op: Any) -> Optional[str]:
     except TypeError:
         return None
     return None
-
-
-def reducible(tensor: torch.Tensor, reduce_op: Any) -> Optional[str]:
-    """The Communicator op name when shared memory can reduce ``tensor`` with ``reduce_op``, else None."""
-    if tensor.dtype not in _REDUCE_DTYPE_SET:
-        return None
-    return op_name(reduce_op)
 
 
 class HostCollectives:

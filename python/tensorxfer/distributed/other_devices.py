@@ -12,9 +12,19 @@ from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
+
+
+def named_backends(config: str) -> Dict[str, str]:
+    """The backend named per device type in a backend string (``"cpu:tensorxfer,cuda:nccl"``); none in ``"tensorxfer"``."""
+    return dict(part.split(":", 1) for part in config.split(",") if ":" in part)
+
+
+def device_types(config: str) -> List[torch.device]:
+    """The device types a tensorxfer group with backend string ``config`` takes tensors of: the CPU first."""
+    return [torch.device("cpu")] + [torch.device(device) for device in named_backends(config) if device != "cpu"]
 
 
 class OtherDevices:
@@ -38,8 +48,7 @@ class OtherDevices:
         return self._groups[device]
 
     def _make(self, device: str, op: str, config: str) -> Any:
-        named = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
-        backend = named.get(device)
+        backend = named_backends(config).get(device)
         if backend is None or backend == BACKEND_NAME:
             raise RuntimeError(
                 f"tensorxfer backend: {op} got a {device} tensor, but the tensorxfer backend handles CPU "

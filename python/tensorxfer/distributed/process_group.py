@@ -11,7 +11,7 @@ max of float32/64, bfloat16, float16, int32, int64) and its coalesced form,
 ``reduce``, ``reduce_scatter`` and ``reduce_scatter_tensor`` (the same ops and
 dtypes), ``all_gather``, ``all_gather_into_tensor`` and ``broadcast`` (any
 dtype) and ``barrier``. Delegated to a gloo process group made on the same
-store: everything else (``product`` and other dtypes, ``gather``,
+store: everything else (``product`` and other dtypes, sparse tensors, ``gather``,
 ``scatter``, ``all_to_all``, ``all_to_all_single``,
 ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``,
 ``all_gather_coalesced``).
@@ -33,14 +33,15 @@ from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, PrefixStore, ProcessGroupGloo
+from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from tensorxfer.distributed import BACKEND_NAME
 from tensorxfer.distributed.cross_host import CrossHost, GlooCrossHost, make_cross_host
 from tensorxfer.distributed.failures import FailureReporter
 from tensorxfer.distributed.hierarchical import HostCollectives, reducible
-from tensorxfer.distributed.other_devices import OtherDevices
+from tensorxfer.distributed.other_devices import OtherDevices, device_types
 from tensorxfer.distributed.topology import Topology, probe, spin_us_for_machine
+from tensorxfer.distributed.torch_private import AllgatherOptions
 from tensorxfer.distributed.work import CompletionThread, OpThread, Work
 from tensorxfer.runtime import Communicator, LocalGroup
 
@@ -63,6 +64,12 @@ def _shut_down_live_groups() -> None:
 atexit.register(_shut_down_live_groups)
 # multiprocessing children leave through os._exit, after running these finalizers.
 multiprocessing.util.Finalize(None, _shut_down_live_groups, exitpriority=100)
+
+
+def _data(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or where it requires grad (DDP with ``create_graph=True``) a detached view of its
+    storage: the shared-memory collectives take tensors through DLPack, which refuses those."""
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _contiguous_run(tensor: torch.Tensor, body: Callable[[torch.Tensor], None]) -> None:
@@ -102,8 +109,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._failures = failures
         if isinstance(self.cross_host, GlooCrossHost):
             self.cross_host.watch = failures.raise_if_published
-        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.describe, on_idle=lambda: self._use_waits(sleep=False))
-        self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.describe)
+        self._ops = OpThread(f"tensorxfer-pg-{rank}", failures.on_op_failure, on_idle=lambda: self._use_waits(sleep=False))
+        self._p2p = CompletionThread(f"tensorxfer-p2p-{rank}", failures.on_op_failure)
         self._closed = False
         #: Ops handed to the gloo group so far (what this backend does not accelerate).
         self.delegated_ops = 0
@@ -180,9 +187,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         other = self._device_group(tensors, op)
         if other is not None:
             return start(other)
+        receives = op == "recv"
 
         def body(work: Work) -> None:
-            self._p2p.finish_when_done(start(self._gloo), work)
+            self._p2p.finish_when_done(start(self._gloo), work, receives)
 
         return self._ops.submit(op, tensors, body)
 
@@ -205,6 +213,16 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return getattr(self, "_group_desc", "")
 
     @property
+    def _device_types(self) -> List[torch.device]:
+        """The device types this group takes: torch's barrier, object collectives and state-dict helpers choose
+        their device from it (torch's own answer for a Python group is empty, and ``_get_pg_default_device`` raises)."""
+        try:
+            config = str(dist.get_backend_config(self))
+        except (ValueError, RuntimeError):  # not (yet) in torch's registry of groups
+            config = BACKEND_NAME
+        return device_types(config)
+
+    @property
     def local_group(self) -> LocalGroup:
         """This host's ranks (LocalGroup ranks are local indices: ``topology.local_ranks[i]`` is rank i's global rank)."""
         return self._group
@@ -218,10 +236,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         if len(tensors) == 1:
             tensor = tensors[0]
             op = reducible(tensor, opts.reduceOp)
-            if op is not None and tensor.is_contiguous():
+            if op is not None and tensor.is_contiguous() and not tensor.requires_grad:
                 run = lambda: host.all_reduce(tensor, op)  # noqa: E731
-            elif op is not None:
-                run = lambda: _contiguous_run(tensor, lambda t: host.all_reduce(t, op))  # noqa: E731
+            elif op is not None and tensor.layout == torch.strided:  # sparse ones go to gloo
+                run = lambda: _contiguous_run(_data(tensor), lambda t: host.all_reduce(t, op))  # noqa: E731
         return self._submit("all_reduce", tensors, tensors, run, lambda g: g.allreduce(tensors, opts), opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
@@ -234,10 +252,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             op: str = ops.pop()  # type: ignore[assignment]  # None is not in ops here
 
             def run() -> None:
-                flat = torch.cat([t.reshape(-1) for t in tensors])
+                flat = torch.cat([_data(t).reshape(-1) for t in tensors])
                 host.all_reduce(flat, op)
                 for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
-                    tensor.copy_(part.view_as(tensor))
+                    _data(tensor).copy_(part.view_as(tensor))
 
         return self._submit("all_reduce_coalesced", tensors, tensors, run,
                             lambda g: g.allreduce_coalesced(tensors, opts), opts)
@@ -248,10 +266,10 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         run = None
         if op is not None:
             def run() -> None:
-                result = tensors[0].contiguous().clone()
+                result = _data(tensors[0]).contiguous().clone()
                 host.all_reduce(result, op)
                 if self.rank() == opts.rootRank:
-                    tensors[0].copy_(result)
+                    _data(tensors[0]).copy_(result)
 
         return self._submit("reduce", tensors, tensors, run, lambda g: g.reduce(tensors, opts), opts)
 
@@ -261,11 +279,11 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         run = None
         if len(inputs) == 1:
             def run() -> None:
-                source = inputs[0].contiguous()
+                source = _data(inputs[0]).contiguous()
                 gathered = torch.empty((self.size(),) + tuple(source.shape), dtype=source.dtype)
                 host.all_gather(gathered, source)
                 for output, part in zip(output_lists[0], gathered):
-                    output.copy_(part)
+                    _data(output).copy_(part)
 
         return self._submit("all_gather", output_lists, inputs, run, lambda g: g.allgather(output_lists, inputs, opts), opts)
 
@@ -274,7 +292,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         host = self._host
 
         def run() -> None:
-            _contiguous_run(output, lambda out: host.all_gather(out, input.contiguous()))
+            _contiguous_run(_data(output), lambda out: host.all_gather(out, _data(input).contiguous()))
 
         return self._submit("all_gather_into_tensor", [output], [output, input], run,
                             lambda g: g._allgather_base(output, input, opts), opts)
@@ -304,8 +322,8 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         run = None
         if op is not None:
             def run() -> None:
-                flat = torch.cat([part.reshape(-1) for part in input_lists[0]])
-                _contiguous_run(outputs[0], lambda out: host.reduce_scatter(out, flat, op))
+                flat = torch.cat([_data(part).reshape(-1) for part in input_lists[0]])
+                _contiguous_run(_data(outputs[0]), lambda out: host.reduce_scatter(out, flat, op))
 
         return self._submit("reduce_scatter", outputs, outputs + input_lists[0], run,
                             lambda g: g.reduce_scatter(outputs, input_lists, opts), opts)
@@ -317,7 +335,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         run = None
         if op is not None:
             def run() -> None:
-                _contiguous_run(output, lambda out: host.reduce_scatter(out, input.contiguous(), op))
+                _contiguous_run(_data(output), lambda out: host.reduce_scatter(out, _data(input).contiguous(), op))
 
         return self._submit("reduce_scatter_tensor", [output], [output, input], run,
                             lambda g: g._reduce_scatter_base(output, input, opts), opts)
@@ -335,7 +353,7 @@ class TensorxferProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         run = None
         if len(tensors) == 1:
             def run() -> None:
-                _contiguous_run(tensors[0], lambda t: host.broadcast(t, opts.rootRank))
+                _contiguous_run(_data(tensors[0]), lambda t: host.broadcast(t, opts.rootRank))
 
         return self._submit("broadcast", tensors, tensors, run, lambda g: g.broadcast(tensors, opts), opts)
 

@@ -32,23 +32,40 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
         self._runner = runner
         self._outputs = outputs
         self._done = threading.Event()
+        self._finished = False  # the op ended (its future, when there is one, may still be completing)
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None  # made on first get_future()
         self._future_lock = threading.Lock()
+        self._source: Optional[int] = None  # a completed receive's sender
 
     def _complete(self, future: torch.futures.Future) -> None:
-        if self._error is None:
-            future.set_result(self._outputs)
-        else:
-            future.set_exception(self._error)
+        """Completes ``future`` (running its callbacks on this thread), then the work, as gloo does."""
+        try:
+            if self._error is None:
+                future.set_result(self._outputs)
+            else:
+                future.set_exception(self._error)
+        finally:
+            self._done.set()
 
-    def finish(self, error: Optional[BaseException] = None) -> None:
-        """Completes the work (on the thread that ran it): result, or ``error``."""
+    def finish(self, error: Optional[BaseException] = None, source_rank: Optional[int] = None) -> None:
+        """Completes the work (on the thread that ran it): result, or ``error``; a receive names its sender.
+
+        A future asked for already is completed once the thread that ran the op has ended its turn
+        (:meth:`OpThread._future_ready`): its callbacks (a DDP comm hook's ``then``) may start another
+        op and wait for it. The work counts as done once its future is, as in gloo.
+        """
+        self._source = source_rank
         with self._future_lock:
             self._error = error
-            self._done.set()
+            self._finished = True
             future = self._future
-        if future is not None:
+            if future is None:
+                self._done.set()
+                return
+        if self._runner is not None:
+            self._runner._future_ready(self, future)
+        else:
             self._complete(future)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -80,8 +97,8 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
                 return self._future
             future: torch.futures.Future = torch.futures.Future()
             self._future = future
-            done = self._done.is_set()
-        if done:
+            finished = self._finished
+        if finished:  # asked after the op ended: completed here (finish() saw no future)
             self._complete(future)
         return future
 
@@ -91,6 +108,12 @@ class Work(dist._Work):  # type: ignore[misc,name-defined]
 
     def synchronize(self) -> None:
         self.wait()
+
+    def _source_rank(self) -> int:
+        """The rank a completed receive got its data from (``dist.recv``/``irecv`` with no source ask it)."""
+        if self._source is None:
+            raise RuntimeError(f"tensorxfer backend: {self.name} has no source rank (only a completed receive has one)")
+        return self._source
 
 
 class CompletedWork(dist._Work):  # type: ignore[misc,name-defined]
@@ -136,6 +159,12 @@ class OpThread:
     while async ops (DDP's buckets) still overlap with the caller. After the
     first failure every later op fails without running (the ranks are out of
     step), as gloo's process group does.
+
+    A finished op's future is completed, and its callbacks run, by the thread
+    that ran the op once its turn has ended. A callback may start an op and
+    wait for its future (PowerSGD's comm hook does) while the thread it runs on
+    is the one that would run that op: :meth:`submit` then starts a helper
+    thread that runs the queue until it is empty.
     """
 
     def __init__(self, name: str, on_error: Callable[[str, BaseException], BaseException],
@@ -150,6 +179,9 @@ class OpThread:
         self._on_error = on_error
         self._on_idle = on_idle
         self.failure: Optional[BaseException] = None
+        self._ready: "collections.deque[tuple]" = collections.deque()  # (work, future) to complete
+        self._in_callbacks: set = set()  # threads running futures' callbacks
+        self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -159,7 +191,43 @@ class OpThread:
         with self._cond:
             self._pending.append((body, work))
             self._cond.notify()
+        if threading.get_ident() in self._in_callbacks:  # the thread that would run it may be this one
+            threading.Thread(target=self._help, name=f"{self._name}-helper", daemon=True).start()
         return work
+
+    def _help(self) -> None:
+        """Runs queued ops until none is left (see the class docstring)."""
+        while True:
+            with self._cond:
+                if not self._pending:
+                    return
+                if not self._busy.acquire(False):  # another thread runs one: look again when it ends
+                    self._cond.wait(WAIT_SLICE_S)
+                    continue
+                if not self._pending:
+                    self._busy.release()
+                    return
+                body, work = self._pending.popleft()
+            self._execute(body, work)
+
+    def _future_ready(self, work: Work, future: torch.futures.Future) -> None:
+        """Completes ``future`` once no op runs: at once, or after the running op's turn (:meth:`_release`)."""
+        self._ready.append((work, future))
+        if not self._busy.locked():  # else the thread holding the turn completes it on release
+            self._complete_ready()
+
+    def _complete_ready(self) -> None:
+        me = threading.get_ident()
+        while self._ready:
+            try:
+                work, future = self._ready.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self._in_callbacks.add(me)
+            try:
+                work._complete(future)
+            finally:
+                self._in_callbacks.discard(me)
 
     def run_now(self, name: str, outputs: List[Any], run: Callable[[], None]) -> Optional[dist._Work]:  # type: ignore[name-defined]
         """Runs ``run()`` on the calling thread if nothing is queued or running; else None (queue it instead).
@@ -195,6 +263,8 @@ class OpThread:
         if self._pending or self._stopping:
             with self._cond:
                 self._cond.notify_all()
+        if self._ready:
+            self._complete_ready()
 
     @property
     def queued(self) -> bool:
@@ -278,21 +348,23 @@ class CompletionThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def finish_when_done(self, inner: Any, work: Work) -> None:
-        self._queue.put((inner, work))
+    def finish_when_done(self, inner: Any, work: Work, receives: bool = False) -> None:
+        """Finishes ``work`` once ``inner`` completes; a receive (``receives``) takes its sender from ``inner``."""
+        self._queue.put((inner, work, receives))
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            inner, work = item
+            inner, work, receives = item
             try:
                 inner.wait()
+                source = inner._source_rank() if receives else None
             except BaseException as error:  # noqa: BLE001
                 work.finish(self._on_error(work.name, error))
             else:
-                work.finish()
+                work.finish(source_rank=source)
 
     def stop(self, timeout: float) -> bool:
         self._queue.put(None)

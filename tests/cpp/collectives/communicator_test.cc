@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -353,6 +354,70 @@ TEST(CommunicatorTest, DifferentCallsOnDifferentRanksFailOnEveryRank) {
   EXPECT_THROW(comms[0]->all_reduce(view_of(data.data(), ElementType::kFloat32, 4), ReduceOp::kSum,
                                     Algorithm::kOneShot, kTimeout),
                InvalidArgument);  // unusable afterwards
+}
+
+// Each rank's message after rank r makes call(comm, r) on a fresh pair of communicators.
+std::vector<std::string> mismatch_messages(const std::function<void(Communicator&, int)>& call) {
+  auto comms = make_communicators(2, 64 << 10, 64 << 10);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int rank) {
+    try {
+      call(*comms[rank], rank);
+    } catch (const InvalidArgument& error) {
+      errors[rank] = error.what();
+    }
+  });
+  return errors;
+}
+
+TEST(CommunicatorTest, MismatchesAreNamedInTheCallersWords) {
+  struct Case {
+    const char* what;
+    std::function<void(Communicator&, int)> call;
+    std::string rank0, rank1;  // what each rank called, in the message
+  };
+  std::vector<float> floats(4096, 1.0f);
+  std::vector<double> doubles(4096, 1.0);
+  const auto floats_of = [&](std::size_t count) { return view_of(floats.data(), ElementType::kFloat32, count); };
+  const auto reduce_sum = [&](Communicator& comm, std::size_t count, ReduceOp op = ReduceOp::kSum,
+                              Algorithm algorithm = Algorithm::kOneShot) {
+    comm.all_reduce(floats_of(count), op, algorithm, kTimeout);
+  };
+  const std::vector<Case> cases = {
+      {"sizes", [&](Communicator& c, int r) { reduce_sum(c, r == 0 ? 1000 : 2000); },
+       "all_reduce(SUM, float32, 1000 elements)", "all_reduce(SUM, float32, 2000 elements)"},
+      {"dtypes",
+       [&](Communicator& c, int r) {
+         if (r == 0) reduce_sum(c, 512);
+         else c.all_reduce(view_of(doubles.data(), ElementType::kFloat64, 512), ReduceOp::kSum, Algorithm::kOneShot,
+                           kTimeout);
+       },
+       "all_reduce(SUM, float32, 512 elements)", "all_reduce(SUM, float64, 512 elements)"},
+      {"reduce ops", [&](Communicator& c, int r) { reduce_sum(c, 8, r == 0 ? ReduceOp::kSum : ReduceOp::kMax); },
+       "all_reduce(SUM, float32, 8 elements)", "all_reduce(MAX, float32, 8 elements)"},
+      {"algorithms",
+       [&](Communicator& c, int r) { reduce_sum(c, 8, ReduceOp::kMin, r == 0 ? Algorithm::kOneShot : Algorithm::kTwoShot); },
+       "all_reduce(MIN, float32, 8 elements, one_shot)", "all_reduce(MIN, float32, 8 elements, two_shot)"},
+      {"collectives",
+       [&](Communicator& c, int r) {
+         if (r == 0) c.broadcast(floats_of(10), 1, kTimeout);
+         else c.all_gather(floats_of(20), floats_of(10), kTimeout);
+       },
+       "broadcast(float32, 10 elements, root 1)", "all_gather(float32, 10 elements per rank)"},
+      {"barrier",
+       [&](Communicator& c, int r) {
+         if (r == 0) c.barrier(kTimeout);
+         else c.reduce_scatter(floats_of(3), floats_of(6), ReduceOp::kAvg, kTimeout);
+       },
+       "barrier()", "reduce_scatter(AVG, float32, 6 elements in all)"},
+  };
+  for (const Case& c : cases) {
+    const auto errors = mismatch_messages(c.call);
+    EXPECT_NE(errors[0].find("rank 0 called " + c.rank0 + ", rank 1 called " + c.rank1), std::string::npos)
+        << c.what << ": " << errors[0];
+    EXPECT_NE(errors[1].find("rank 1 called " + c.rank1 + ", rank 0 called " + c.rank0), std::string::npos)
+        << c.what << ": " << errors[1];
+  }
 }
 
 TEST(CommunicatorTest, AMissingRankTimesOutNamingIt) {

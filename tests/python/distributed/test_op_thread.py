@@ -217,3 +217,26 @@ def test_an_on_idle_that_raises_leaves_the_op_thread_running():
             assert ran.wait(10), f"op {step} never ran: the op thread died"
     finally:
         assert ops.stop(10.0)
+
+
+@pytest.mark.parametrize("waiter", ["op thread", "caller"])
+def test_a_future_callback_may_start_an_op_and_wait_for_it(waiter):
+    """A then() callback runs on the thread that ran the op, after its turn; one that submits another
+    op and waits for that op's future (PowerSGD's DDP comm hook does) must not wait for its own
+    thread. Before, the callback ran on the op thread inside the op's turn: this waited forever."""
+    ops = OpThread("test-ops", _keep)
+    try:
+        go = threading.Event()
+        first = _submit(ops, 1, lambda: go.wait(10.0))
+        chained = first.get_future().then(lambda done: _submit(ops, 2, lambda: None).get_future().wait())
+        go.set()
+        if waiter == "caller":  # the caller runs the op inline when it is next (Work.wait)
+            first.wait()
+        result: list = []
+        watcher = threading.Thread(target=lambda: result.append(chained.wait()), daemon=True)
+        watcher.start()
+        watcher.join(10.0)
+        assert result == [[2]], "the op the callback started never ran"
+        assert first.is_completed()
+    finally:
+        assert ops.stop(10.0)

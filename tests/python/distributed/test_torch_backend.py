@@ -86,6 +86,9 @@ assert type(dist.group.WORLD).__name__ == "TensorxferProcessGroup", type(dist.gr
 t = torch.arange(4.0)
 dist.all_reduce(t)
 assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+from torch.distributed import distributed_c10d as c10d
+assert dist.group.WORLD._device_types == [torch.device("cpu"), torch.device("cuda")], dist.group.WORLD._device_types
+assert c10d._get_object_coll_device() == "cpu"
 try:
     dist.all_reduce(torch.ones(2, device="meta"))
 except RuntimeError as error:
@@ -179,6 +182,50 @@ def test_ddp_20_steps_bitwise_equal_to_gloo(tmp_path):
     assert not torch.equal(first_layer, torch.nn.Linear(32, 64).weight.detach()), "DDP did not train"
 
 
+def test_barrier_and_object_collectives_run_on_this_backend_on_the_cpu(tmp_path):
+    """torch picks the device of barrier() and of the object collectives from the group's device
+    types; a Python group has none registered, so _get_pg_default_device raised before the group
+    reported its own. Every op must reach this backend's shared-memory collectives (no gloo)."""
+    results = workers.launch("barrier_and_objects", 2, "tensorxfer", _out(tmp_path, "tx"))
+    expected_gathered = [{"rank": r, "payload": list(range(r + 3))} for r in range(2)]
+    for result in results:
+        assert result["device_capability"] == ["cpu"] and result["object_device"] == "cpu", result
+        assert result["default_device"] == "cpu", result["default_device"]
+        assert result["gathered"] == expected_gathered, result["gathered"]
+        assert result["objects"] == [{"from": "root", "size": 7}, "text"], result["objects"]
+        assert result["delegated"] == 0, result
+        calls = result["calls"]
+        assert calls[:2] == ["barrier:cpu", "barrier:host"], calls
+        handed = [call for call in calls if not call.endswith(":host")]
+        assert {call.split(":", 1)[1] for call in handed} == {"cpu"}, calls
+        assert calls.count("all_gather:host") >= 2 and calls.count("broadcast:host") >= 2, calls
+
+
+def test_futures_complete_after_the_data_also_under_ddp_comm_hooks(tmp_path):
+    """A then() callback sees the reduced data; DDP comm hooks whose callbacks start a second
+    all_reduce and wait for it (PowerSGD's pattern, and PowerSGD) train as over gloo. Before
+    futures were completed off the op thread, such a callback waited there for an op only that
+    thread could run: the ranks hung until the launch timed out."""
+    reference = workers.launch("future_hooks", 2, "gloo", _out(tmp_path, "gloo"), timeout_s=120)
+    results = workers.launch("future_hooks", 2, "tensorxfer", _out(tmp_path, "tx"), timeout_s=120,
+                             pg_timeout_s=60)
+    expected = sum(workers._ints(300_000, r, torch.float32) for r in range(2))
+    for rank in range(2):
+        assert torch.equal(results[rank].pop("seen_in_then"), expected), rank
+        reference[rank].pop("seen_in_then")
+        _assert_same(reference[rank], results[rank], f"rank {rank}")
+    _assert_same(results[0], results[1], "rank 1 vs rank 0")
+
+
+def test_works_the_caller_drops_still_complete(tmp_path):
+    results = workers.launch("dropped_works", 2, "tensorxfer", _out(tmp_path, "tx"))
+    for rank, result in enumerate(results):
+        for i in range(4):
+            expected = sum(workers._ints(50_000, r, torch.float32, salt=i) for r in range(2))
+            assert torch.equal(result[f"all_reduce/{i}"], expected), (rank, i)
+        assert torch.equal(result["irecv"], workers._ints(10, 1 - rank, torch.float32)), rank
+
+
 def test_fsdp_on_cpu_matches_gloo(tmp_path):
     fsdp = pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
     if not hasattr(fsdp, "fully_shard"):
@@ -212,12 +259,13 @@ def test_killed_rank_is_named_by_every_survivor_within_the_timeout(op, tmp_path)
     # the conftest fixture checks that /dev/shm holds nothing of ours afterwards
 
 
-def test_mismatched_sizes_raise_on_every_rank(tmp_path):
+def test_mismatched_sizes_raise_on_every_rank_in_the_users_words(tmp_path):
     results = workers.launch("mismatch", 2, "tensorxfer", _out(tmp_path, "tx"), pg_timeout_s=20)
-    for result in results:
+    called = {0: "all_reduce(SUM, float32, 1000 elements)", 1: "all_reduce(SUM, float32, 2000 elements)"}
+    for rank, result in enumerate(results):
         error = result["error"]
         assert error is not None and "different operations" in error, result
-        assert "nbytes=4000" in error and "nbytes=8000" in error, result
+        assert f"rank {rank} called {called[rank]}, rank {1 - rank} called {called[1 - rank]}" in error, result
 
 
 def test_ctrl_c_interrupts_a_blocked_op(tmp_path):

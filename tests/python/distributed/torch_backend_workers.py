@@ -175,6 +175,19 @@ def scenario_random_sum(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return out
 
 
+def _train(model: Any, rank: int, steps: int, batch: tuple, momentum: float = 0.0) -> None:
+    """``steps`` of SGD on the mean square of ``model``'s output, on random batches of shape ``batch`` seeded by rank."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        loss = model(torch.randn(*batch, generator=data)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def scenario_ddp(rank: int, world: int, extra: str) -> Dict[str, Any]:
     """20 DDP steps on a small MLP; returns the final parameters."""
     import torch
@@ -184,14 +197,7 @@ def scenario_ddp(rank: int, world: int, extra: str) -> Dict[str, Any]:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                 torch.nn.ReLU(), torch.nn.Linear(64, 4))
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)   # several buckets: overlap with backward
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(20):
-        x = torch.randn(16, 32, generator=data)
-        loss = ddp(x).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    _train(ddp, rank, steps=20, batch=(16, 32), momentum=0.9)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -206,13 +212,7 @@ def scenario_fsdp(rank: int, world: int, extra: str) -> Dict[str, Any]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(5):
-        loss = model(torch.randn(8, 16, generator=data)).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    _train(model, rank, steps=5, batch=(8, 16))
     return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
 
 
@@ -400,7 +400,124 @@ def scenario_mixed_async(rank: int, world: int, extra: str) -> Dict[str, Any]:
     return out
 
 
+def scenario_barrier_and_objects(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """barrier() and the object collectives: the device torch picks, and which of the group's ops ran them.
+
+    Every op the group is handed is logged with its options' device; the shared-memory collectives
+    (``_host``) log what they ran, so a fallback to the group's gloo shows as a delegated op."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    out: Dict[str, Any] = {"device_capability": c10d._device_capability(group),
+                           "object_device": c10d._get_object_coll_device(group)}
+    try:
+        out["default_device"] = str(c10d._get_pg_default_device(group))
+    except RuntimeError as error:
+        out["default_device"] = f"RuntimeError: {error}"
+    calls: List[str] = []
+
+    def logged(target: Any, name: str, device_of: Callable[[Any, Any], str]) -> None:
+        real = getattr(target, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(f"{name}:{device_of(args, kwargs)}")
+            return real(*args, **kwargs)
+
+        setattr(target, name, call)
+
+    def opts_device(args: Any, kwargs: Any) -> str:
+        opts = kwargs.get("opts", args[-1] if args else None)
+        return str(getattr(opts, "device", "-"))
+
+    def tensor_device(args: Any, kwargs: Any) -> str:
+        tensors = args[0] if isinstance(args[0], list) else [args[0]]
+        flat = [t for item in tensors for t in (item if isinstance(item, list) else [item])]
+        return ",".join(sorted({str(t.device) for t in flat}))
+
+    logged(group, "barrier", opts_device)
+    for name in ("allgather", "_allgather_base", "broadcast"):
+        logged(group, name, tensor_device)
+    for name in ("barrier", "all_gather", "broadcast"):
+        logged(group._host, name, lambda args, kwargs: "host")
+    delegated_before = group.delegated_ops
+    dist.barrier()
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, {"rank": rank, "payload": list(range(rank + 3))})
+    objects = [{"from": "root", "size": 7}, "text"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(objects, src=0)
+    out.update(calls=calls, gathered=gathered, objects=objects, delegated=group.delegated_ops - delegated_before)
+    return out
+
+
+def scenario_future_hooks(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Futures of async ops: what a ``then`` callback sees, and DDP comm hooks whose callbacks run a
+    second collective and wait for it (PowerSGD's pattern, and PowerSGD itself); returns the results."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel
+
+    out: Dict[str, Any] = {}
+    t = _ints(300_000, rank, torch.float32)
+    seen: List[Any] = []
+    chained = dist.all_reduce(t, async_op=True).get_future().then(lambda f: seen.append(f.value()[0].clone()))
+    chained.wait()
+    out["seen_in_then"] = seen[0]
+
+    def mean_then_sum(state, bucket):  # no annotations: DDP refuses any but its own
+        def second(fut: Any) -> Any:
+            mean = fut.value()[0].div_(world)
+            return dist.all_reduce(mean, async_op=True).get_future().wait()[0].div_(world)
+
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(second)
+
+    for name, hook, make_state in (("mean_then_sum", mean_then_sum, lambda: None),
+                                   ("powersgd", powersgd.powerSGD_hook,
+                                    lambda: powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                                   start_powerSGD_iter=2, random_seed=0))):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+        ddp.register_comm_hook(make_state(), hook)
+        _train(ddp, rank, steps=5, batch=(16, 32))
+        for key, p in model.named_parameters():
+            out[f"{name}/{key}"] = p.detach().clone()
+    return out
+
+
+def scenario_dropped_works(rank: int, world: int, extra: str) -> Dict[str, Any]:
+    """Async ops whose works the caller drops at once (or keeps only the future of): they still run, in order."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    out: Dict[str, Any] = {}
+    tensors = [_ints(50_000, rank, torch.float32, salt=i) for i in range(4)]
+    futures = []
+    for i, t in enumerate(tensors):
+        work = dist.all_reduce(t, async_op=True)
+        if i % 2:
+            futures.append(work.get_future())
+        del work
+    gc.collect()
+    received = torch.empty(10)
+    if world > 1:  # a receive whose work is dropped (its future kept), completed by the send that follows
+        futures.append(dist.irecv(received, (rank - 1) % world).get_future())
+        gc.collect()
+        dist.send(_ints(10, rank, torch.float32), (rank + 1) % world)
+    for future in futures:
+        future.wait()
+    dist.barrier()  # in order: every dropped op finished before it
+    out.update({f"all_reduce/{i}": t for i, t in enumerate(tensors)})
+    out["irecv"] = received
+    return out
+
+
 SCENARIOS: Dict[str, Callable[[int, int, str], Dict[str, Any]]] = {
+    "barrier_and_objects": scenario_barrier_and_objects, "future_hooks": scenario_future_hooks,
+    "dropped_works": scenario_dropped_works,
     "mixed_async": scenario_mixed_async,
     "ops": scenario_ops, "avg": scenario_avg, "random_sum": scenario_random_sum, "ddp": scenario_ddp,
     "fsdp": scenario_fsdp, "victim": scenario_victim, "mismatch": scenario_mismatch,
