@@ -219,31 +219,41 @@ PyObject* side_append(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs)
 
 Py_ssize_t side_length(SubmitSide* self) { return PyList_GET_SIZE(self->ids); }
 
-// A position in [0, length()) (or [0, length()] where `end_allowed`), else IndexError.
-bool position_ok(SubmitSide* self, Py_ssize_t position, bool end_allowed) {
+// `argument` as a position in [0, length()) (or [0, length()] where `end_allowed`); nullopt
+// with TypeError / IndexError set otherwise.
+std::optional<Py_ssize_t> position_of(SubmitSide* self, PyObject* argument, bool end_allowed) {
+  const Py_ssize_t position = PyLong_AsSsize_t(argument);
+  if (position == -1 && PyErr_Occurred()) return std::nullopt;
   const Py_ssize_t length = side_length(self);
-  if (position >= 0 && (position < length || (end_allowed && position == length))) return true;
+  if (position >= 0 && (position < length || (end_allowed && position == length))) return position;
   PyErr_Format(PyExc_IndexError, "SubmitSide: position %zd out of range for %zd ops", position, length);
-  return false;
+  return std::nullopt;
+}
+
+// The position of an edit `name`(position, task_id, tensor, rank), its arguments checked.
+std::optional<Py_ssize_t> edit_position(SubmitSide* self, const char* name, PyObject* const* args, Py_ssize_t nargs,
+                                        bool end_allowed) {
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "%s(position, task_id, tensor, rank) takes 4 arguments, got %zd", name, nargs);
+    return std::nullopt;
+  }
+  return position_of(self, args[0], end_allowed);
 }
 
 // op(position) -> (task_id, tensor, rank)
 PyObject* side_op(SubmitSide* self, PyObject* argument) {
-  const Py_ssize_t position = PyLong_AsSsize_t(argument);
-  if (position == -1 && PyErr_Occurred()) return nullptr;
-  if (!position_ok(self, position, false)) return nullptr;
+  const auto at = position_of(self, argument, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
   return PyTuple_Pack(3, PyList_GET_ITEM(self->ids, position), PyList_GET_ITEM(self->tensors, position),
                       PyList_GET_ITEM(self->ranks, position));
 }
 
 // set(position, task_id, tensor, rank): replaces one op, its row described or deferred anew.
 PyObject* side_set(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "set(position, task_id, tensor, rank) takes 4 arguments, got %zd", nargs);
-    return nullptr;
-  }
-  const Py_ssize_t position = PyLong_AsSsize_t(args[0]);
-  if ((position == -1 && PyErr_Occurred()) || !position_ok(self, position, false)) return nullptr;
+  const auto at = edit_position(self, "set", args, nargs, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
   const auto row = describe_or_defer(self, args[2]);
   PyObject* const values[] = {args[1], args[2], args[3]};
   PyObject* const columns[] = {self->ids, self->tensors, self->ranks};
@@ -257,12 +267,9 @@ PyObject* side_set(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
 
 // insert(position, task_id, tensor, rank): a new op before `position` (0 <= position <= length()).
 PyObject* side_insert(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "insert(position, task_id, tensor, rank) takes 4 arguments, got %zd", nargs);
-    return nullptr;
-  }
-  const Py_ssize_t position = PyLong_AsSsize_t(args[0]);
-  if ((position == -1 && PyErr_Occurred()) || !position_ok(self, position, true)) return nullptr;
+  const auto at = edit_position(self, "insert", args, nargs, true);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
   const auto row = describe_or_defer(self, args[2]);
   try {
     self->rows->insert(self->rows->begin() + 3 * position, row.begin(), row.end());
@@ -283,8 +290,9 @@ PyObject* side_insert(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs)
 
 // remove(position): drops one op and its row.
 PyObject* side_remove(SubmitSide* self, PyObject* argument) {
-  const Py_ssize_t position = PyLong_AsSsize_t(argument);
-  if ((position == -1 && PyErr_Occurred()) || !position_ok(self, position, false)) return nullptr;
+  const auto at = position_of(self, argument, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
   for (PyObject* column : {self->ids, self->tensors, self->ranks}) {
     if (PyList_SetSlice(column, position, position + 1, nullptr) < 0) return nullptr;  // shrinking: no failure
   }
