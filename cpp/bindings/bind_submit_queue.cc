@@ -17,9 +17,10 @@
 // ops it touches, so no description outlives its op. A torch tensor's row is read
 // by take(), when run() starts (torch's own C methods, resolved once per queue): a
 // tensor resized, re-pointed or moved between its submit and run() is used as it
-// is then, so no transfer touches memory the tensor has let go. A numpy array is
-// described when it enters the columns (it cannot be resized while they hold it).
-// Anything else is left undescribed: run() describes it (and raises what that raises).
+// is then, so no transfer touches memory the tensor has let go. A numpy array
+// submitted is described at submit (it cannot be resized while the columns hold it).
+// Anything else (and an array that enters by an edit) is left undescribed: run()
+// describes it (and raises what that raises).
 #include <pybind11/numpy.h>
 
 #include <algorithm>
@@ -176,16 +177,10 @@ std::optional<std::array<uint64_t, 3>> submitted_array(SubmitSide* self, PyObjec
 }
 
 // The row of an op entering the columns other than by submit (append, set, insert: not
-// checked): one take() reads for an object of tensor_type, an array of array_type described
-// now, or a kUndescribed row (run() describes it and raises what it raises there, agreed
-// among the ranks).
+// checked): one take() reads for an object of tensor_type, else a kUndescribed row (run()
+// describes it and raises what it raises there, agreed among the ranks).
 std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
-  if (Py_TYPE(tensor) == reinterpret_cast<PyTypeObject*>(self->array_type)) {
-    if (const auto row = submitted_array(self, tensor)) return *row;
-  } else if (native_tensor(self, tensor)) {
-    return {0, 0, kReadAtTake};
-  }
-  return {0, 0, kUndescribed};
+  return {0, 0, native_tensor(self, tensor) ? kReadAtTake : kUndescribed};
 }
 
 // submit(tensor, rank, task_id=None)

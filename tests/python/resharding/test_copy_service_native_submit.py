@@ -12,7 +12,7 @@ import gc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tensorxfer.errors import ClosedError
@@ -208,6 +208,7 @@ def test_tensor_subclasses_are_described_natively_only_when_they_read_alike():
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["submit", "append", "insert", "set", "pop", "del_slice", "run"]),
                           st.booleans(), st.booleans(), st.integers(-8, 8)), max_size=30))
+@example([("submit", True, True, 0), ("submit", False, True, 0), ("set", True, True, 0), ("set", False, True, 0)])
 def test_run_moves_exactly_what_the_columns_say_whatever_was_edited(steps):
     """Submits and send_ops / recv_ops edits (set, insert, pop, slice delete) interleaved, with
     runs in between: every run copies each queued send into the receive the columns pair with

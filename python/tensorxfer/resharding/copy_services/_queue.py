@@ -7,8 +7,8 @@ direction is a native ``_core.SubmitSide``: the queue's only store, four
 columns kept in step (task ids, tensors, ranks, and what run() needs of each
 tensor: address, byte size, contiguous, on the host). Every change writes the
 description of exactly the ops it touches: a torch tensor's is read natively
-when run() takes the ops, a numpy array's when it is queued (it cannot be
-resized while queued), anything else's by run(); no description outlives
+when run() takes the ops, a submitted numpy array's at its submit (it cannot
+be resized while queued), anything else's by run(); no description outlives
 its op. Its ``submit`` takes the common case (a torch tensor or numpy array,
 an int rank in range, an int task id or None) without entering Python;
 anything else comes back to this module's checked submit, which raises what
