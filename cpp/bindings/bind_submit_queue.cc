@@ -10,16 +10,20 @@
 // Anything else goes to the queue's Python submit (`fallback`), which raises what
 // the base class documents or appends through append().
 //
-// take() hands run() the columns with what it needs of each tensor (address, byte
-// size, contiguous, on the host). A torch tensor is read there, when run() starts
-// (torch's own C methods, resolved once per queue): a tensor resized, re-pointed
-// or moved between its submit and run() is used as it is then, so no transfer
-// touches memory the tensor has let go. A numpy array is described at submit (it
-// cannot be resized while the queue holds it). Columns changed other than by
-// appending (send_ops / recv_ops edits) drop the description: run() then
-// describes the tensors it is handed.
+// The description of each tensor (what run() needs of it: address, byte size,
+// contiguous, on the host) is a fourth column, kept in step with the other three:
+// the columns are private to the side, and every change (submit, append, and the
+// send_ops / recv_ops edits set / insert / remove) writes the rows of exactly the
+// ops it touches, so no description outlives its op. A torch tensor's row is read
+// by take(), when run() starts (torch's own C methods, resolved once per queue): a
+// tensor resized, re-pointed or moved between its submit and run() is used as it
+// is then, so no transfer touches memory the tensor has let go. A numpy array
+// submitted is described at submit (it cannot be resized while the columns hold it).
+// Anything else (and an array that enters by an edit) is left undescribed: run()
+// describes it (and raises what that raises).
 #include <pybind11/numpy.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstring>
@@ -51,8 +55,7 @@ struct SubmitSide {
   long long low, high;    // submit() takes ranks in [low, high); anything else goes to fallback
   int host_only;          // submit() takes tensors on the host only
   int writable;           // a receive side: submit() takes writable arrays only
-  int described;          // rows describes every entry of the columns
-  std::vector<uint64_t>* rows;  // (address, nbytes, flags) per entry
+  std::vector<uint64_t>* rows;  // the description column: (address, nbytes, flags) per op
   TorchTensorFields* fields;    // resolved for tensor_type
 };
 
@@ -72,7 +75,6 @@ bool reset_columns(SubmitSide* self) {
   Py_XSETREF(self->tensors, tensors);
   Py_XSETREF(self->ranks, ranks);
   self->rows->clear();
-  self->described = 1;
   return true;
 }
 
@@ -108,12 +110,6 @@ bool native_tensor(SubmitSide* self, PyObject* object) {
   Py_INCREF(type);
   Py_XSETREF(self->tensor_subtype, reinterpret_cast<PyObject*>(type));
   return true;
-}
-
-// A row take() reads for an object of tensor_type, or a kUndescribed row (run()
-// describes it and raises what it raises there, agreed among the ranks).
-std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
-  return {0, 0, native_tensor(self, tensor) ? kReadAtTake : kUndescribed};
 }
 
 bool small_int_in(PyObject* value, long long low, long long high) {
@@ -180,6 +176,13 @@ std::optional<std::array<uint64_t, 3>> submitted_array(SubmitSide* self, PyObjec
   return row;
 }
 
+// The row of an op entering the columns other than by submit (append, set, insert: not
+// checked): one take() reads for an object of tensor_type, else a kUndescribed row (run()
+// describes it and raises what it raises there, agreed among the ranks).
+std::array<uint64_t, 3> describe_or_defer(SubmitSide* self, PyObject* tensor) {
+  return {0, 0, native_tensor(self, tensor) ? kReadAtTake : kUndescribed};
+}
+
 // submit(tensor, rank, task_id=None)
 PyObject* side_submit(SubmitSide* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -209,17 +212,96 @@ PyObject* side_append(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs)
   return append_op(self, args[0], args[1], args[2], describe_or_defer(self, args[1]));
 }
 
-// take() -> (ids, tensors, ranks, rows (n, 3) uint64 or None when not described): empties the side.
+Py_ssize_t side_length(SubmitSide* self) { return PyList_GET_SIZE(self->ids); }
+
+// `argument` as a position in [0, length()) (or [0, length()] where `end_allowed`); nullopt
+// with TypeError / IndexError set otherwise.
+std::optional<Py_ssize_t> position_of(SubmitSide* self, PyObject* argument, bool end_allowed) {
+  const Py_ssize_t position = PyLong_AsSsize_t(argument);
+  if (position == -1 && PyErr_Occurred()) return std::nullopt;
+  const Py_ssize_t length = side_length(self);
+  if (position >= 0 && (position < length || (end_allowed && position == length))) return position;
+  PyErr_Format(PyExc_IndexError, "SubmitSide: position %zd out of range for %zd ops", position, length);
+  return std::nullopt;
+}
+
+// The position of an edit `name`(position, task_id, tensor, rank), its arguments checked.
+std::optional<Py_ssize_t> edit_position(SubmitSide* self, const char* name, PyObject* const* args, Py_ssize_t nargs,
+                                        bool end_allowed) {
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "%s(position, task_id, tensor, rank) takes 4 arguments, got %zd", name, nargs);
+    return std::nullopt;
+  }
+  return position_of(self, args[0], end_allowed);
+}
+
+// op(position) -> (task_id, tensor, rank)
+PyObject* side_op(SubmitSide* self, PyObject* argument) {
+  const auto at = position_of(self, argument, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
+  return PyTuple_Pack(3, PyList_GET_ITEM(self->ids, position), PyList_GET_ITEM(self->tensors, position),
+                      PyList_GET_ITEM(self->ranks, position));
+}
+
+// set(position, task_id, tensor, rank): replaces one op, its row described or deferred anew.
+PyObject* side_set(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
+  const auto at = edit_position(self, "set", args, nargs, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
+  const auto row = describe_or_defer(self, args[2]);
+  PyObject* const values[] = {args[1], args[2], args[3]};
+  PyObject* const columns[] = {self->ids, self->tensors, self->ranks};
+  std::copy(row.begin(), row.end(), self->rows->begin() + 3 * position);
+  for (int column = 0; column < 3; ++column) {
+    Py_INCREF(values[column]);
+    PyList_SetItem(columns[column], position, values[column]);  // steals; cannot fail in range
+  }
+  Py_RETURN_NONE;
+}
+
+// insert(position, task_id, tensor, rank): a new op before `position` (0 <= position <= length()).
+PyObject* side_insert(SubmitSide* self, PyObject* const* args, Py_ssize_t nargs) {
+  const auto at = edit_position(self, "insert", args, nargs, true);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
+  const auto row = describe_or_defer(self, args[2]);
+  try {
+    self->rows->insert(self->rows->begin() + 3 * position, row.begin(), row.end());
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+  PyObject* const values[] = {args[1], args[2], args[3]};
+  PyObject* const columns[] = {self->ids, self->tensors, self->ranks};
+  for (int column = 0; column < 3; ++column) {
+    if (PyList_Insert(columns[column], position, values[column]) < 0) {  // a failed allocation only
+      for (int inserted = 0; inserted < column; ++inserted) PyList_SetSlice(columns[inserted], position, position + 1, nullptr);
+      self->rows->erase(self->rows->begin() + 3 * position, self->rows->begin() + 3 * position + 3);
+      return nullptr;
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+// remove(position): drops one op and its row.
+PyObject* side_remove(SubmitSide* self, PyObject* argument) {
+  const auto at = position_of(self, argument, false);
+  if (!at) return nullptr;
+  const Py_ssize_t position = *at;
+  for (PyObject* column : {self->ids, self->tensors, self->ranks}) {
+    if (PyList_SetSlice(column, position, position + 1, nullptr) < 0) return nullptr;  // shrinking: no failure
+  }
+  self->rows->erase(self->rows->begin() + 3 * position, self->rows->begin() + 3 * position + 3);
+  Py_RETURN_NONE;
+}
+
+// take() -> (ids, tensors, ranks, rows (n, 3) uint64): empties the side.
 PyObject* side_take(SubmitSide* self, PyObject*) {
   try {
-    py::object rows = py::none();
-    if (self->described) {
-      read_deferred_rows(self);
-      const auto count = static_cast<py::ssize_t>(self->rows->size() / 3);
-      py::array_t<uint64_t> array({count, py::ssize_t{3}});
-      if (count) std::memcpy(array.mutable_data(), self->rows->data(), self->rows->size() * sizeof(uint64_t));
-      rows = std::move(array);
-    }
+    read_deferred_rows(self);
+    const auto count = static_cast<py::ssize_t>(self->rows->size() / 3);
+    py::array_t<uint64_t> rows({count, py::ssize_t{3}});
+    if (count) std::memcpy(rows.mutable_data(), self->rows->data(), self->rows->size() * sizeof(uint64_t));
     PyObject* taken = PyTuple_Pack(4, self->ids, self->tensors, self->ranks, rows.ptr());
     if (taken == nullptr || !reset_columns(self)) {
       Py_XDECREF(taken);
@@ -235,12 +317,6 @@ PyObject* side_take(SubmitSide* self, PyObject*) {
   }
 }
 
-PyObject* side_forget_description(SubmitSide* self, PyObject*) {
-  self->described = 0;
-  self->rows->clear();
-  Py_RETURN_NONE;
-}
-
 PyObject* side_clear(SubmitSide* self, PyObject*) {
   if (PyList_SetSlice(self->ids, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
       PyList_SetSlice(self->tensors, 0, PY_SSIZE_T_MAX, nullptr) < 0 ||
@@ -248,7 +324,6 @@ PyObject* side_clear(SubmitSide* self, PyObject*) {
     return nullptr;
   }
   self->rows->clear();
-  self->described = 1;
   Py_RETURN_NONE;
 }
 
@@ -340,39 +415,27 @@ void side_dealloc(SubmitSide* self) {
   Py_DECREF(type);
 }
 
-PyObject* new_reference(PyObject* object) {  // Py_NewRef, which Python 3.9 lacks
-  Py_INCREF(object);
-  return object;
-}
-PyObject* side_ids(SubmitSide* self, void*) { return new_reference(self->ids); }
-PyObject* side_tensors(SubmitSide* self, void*) { return new_reference(self->tensors); }
-PyObject* side_ranks(SubmitSide* self, void*) { return new_reference(self->ranks); }
-PyObject* side_described(SubmitSide* self, void*) { return PyBool_FromLong(self->described); }
-
 PyMethodDef side_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_submit)),
      METH_FASTCALL | METH_KEYWORDS,
      "submit($self, tensor, rank, task_id=None)\n--\n\nQueue one op (the fallback checks anything but the common case)."},
     {"append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_append)), METH_FASTCALL,
      "append($self, task_id, tensor, rank, /)\n--\n\nQueue an op as it is (described where this side can)."},
+    {"op", reinterpret_cast<PyCFunction>(side_op), METH_O,
+     "op($self, position, /)\n--\n\n(task_id, tensor, rank) of the op at position (0 <= position < len)."},
+    {"set", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_set)), METH_FASTCALL,
+     "set($self, position, task_id, tensor, rank, /)\n--\n\nReplace the op at position (its description taken anew)."},
+    {"insert", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(side_insert)), METH_FASTCALL,
+     "insert($self, position, task_id, tensor, rank, /)\n--\n\nQueue an op before position (0 <= position <= len)."},
+    {"remove", reinterpret_cast<PyCFunction>(side_remove), METH_O,
+     "remove($self, position, /)\n--\n\nDrop the op at position and its description."},
     {"take", reinterpret_cast<PyCFunction>(side_take), METH_NOARGS,
      "take($self, /)\n--\n\n(ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, "
-     "nbytes, flags) as describe_spans, flag 8 where not described, or None when the columns were changed other "
-     "than by appending."},
-    {"forget_description", reinterpret_cast<PyCFunction>(side_forget_description), METH_NOARGS,
-     "forget_description($self, /)\n--\n\nThe columns were changed other than by appending: take() returns rows=None until they are emptied."},
+     "nbytes, flags) as describe_spans, flag 8 where not described."},
     {"clear", reinterpret_cast<PyCFunction>(side_clear), METH_NOARGS, "clear($self, /)\n--\n\nEmpties the columns (the same lists)."},
     {"set_checks", reinterpret_cast<PyCFunction>(side_set_checks), METH_VARARGS,
      "set_checks($self, tensor_type, array_type, low, high, host_only, /)\n--\n\nWhat submit() takes without the fallback."},
     {nullptr, nullptr, 0, nullptr}};
-
-PyGetSetDef side_getset[] = {
-    {"ids", reinterpret_cast<getter>(side_ids), nullptr, "The task-id column (a list).", nullptr},
-    {"tensors", reinterpret_cast<getter>(side_tensors), nullptr, "The tensor column (a list).", nullptr},
-    {"ranks", reinterpret_cast<getter>(side_ranks), nullptr, "The peer column (a list).", nullptr},
-    {"described", reinterpret_cast<getter>(side_described), nullptr,
-     "Whether take() would return the rows (no column changed other than by appending).", nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyType_Slot side_slots[] = {
     {Py_tp_doc, const_cast<char*>("SubmitSide(fallback, writable=False)\n--\n\nOne direction of a copy service's submit queue, "
@@ -383,7 +446,7 @@ PyType_Slot side_slots[] = {
     {Py_tp_traverse, reinterpret_cast<void*>(side_traverse)},
     {Py_tp_clear, reinterpret_cast<void*>(side_clear_references)},
     {Py_tp_methods, side_methods},
-    {Py_tp_getset, side_getset},
+    {Py_sq_length, reinterpret_cast<void*>(side_length)},
     {0, nullptr}};
 
 PyType_Spec side_spec = {"tensorxfer._core.SubmitSide", sizeof(SubmitSide), 0,

@@ -548,6 +548,10 @@ class SubmitSide:
         """
         Create and return a new object.  See help(type) for accurate signature.
         """
+    def __len__(self):
+        """
+        Return len(self).
+        """
     def append(self, task_id, tensor, rank):
         """
         Queue an op as it is (described where this side can).
@@ -556,9 +560,21 @@ class SubmitSide:
         """
         Empties the columns (the same lists).
         """
-    def forget_description(self):
+    def insert(self, position, task_id, tensor, rank):
         """
-        The columns were changed other than by appending: take() returns rows=None until they are emptied.
+        Queue an op before position (0 <= position <= len).
+        """
+    def op(self, position):
+        """
+        (task_id, tensor, rank) of the op at position (0 <= position < len).
+        """
+    def remove(self, position):
+        """
+        Drop the op at position and its description.
+        """
+    def set(self, position, task_id, tensor, rank):
+        """
+        Replace the op at position (its description taken anew).
         """
     def set_checks(self, tensor_type, array_type, low, high, host_only):
         """
@@ -570,7 +586,7 @@ class SubmitSide:
         """
     def take(self):
         """
-        (ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, nbytes, flags) as describe_spans, flag 8 where not described, or None when the columns were changed other than by appending.
+        (ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, nbytes, flags) as describe_spans, flag 8 where not described.
         """
 class PipelinePlan:
     """

@@ -12,7 +12,7 @@ import gc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tensorxfer.errors import ClosedError
@@ -202,3 +202,83 @@ def test_tensor_subclasses_are_described_natively_only_when_they_read_alike():
         assert recvs.rows[:, 2].tolist()[0] == 8 and recvs.rows[1].tolist() == _core_rows([recvs.tensors[1]]).tolist()[0]
         spans = recvs.spans()
         assert spans.address.tolist()[0] == overriding.data_ptr() and spans.nbytes.tolist() == [12, 8]
+
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["submit", "append", "insert", "set", "pop", "del_slice", "run"]),
+                          st.booleans(), st.booleans(), st.integers(-8, 8)), max_size=30))
+@example([("submit", True, True, 0), ("submit", False, True, 0), ("set", True, True, 0), ("set", False, True, 0)])
+def test_run_moves_exactly_what_the_columns_say_whatever_was_edited(steps):
+    """Submits and send_ops / recv_ops edits (set, insert, pop, slice delete) interleaved, with
+    runs in between: every run copies each queued send into the receive the columns pair with
+    it, and touches nothing an edit took out. Each op has its own tensor, numpy arrays (whose
+    description is taken when they are queued) and torch tensors (read when run() starts)
+    mixed, all of one size: a description left from before an edit points at another op's
+    memory, and moves the wrong bytes or none."""
+    torch = pytest.importorskip("torch")
+    from tensorxfer.resharding.copy_services import LocalCopyService, RecvOp
+
+    service = LocalCopyService()
+    kept = []  # every tensor of earlier runs, alive so that no address is reused
+    made = {SendOp: [], RecvOp: []}  # (fill, tensor) of every tensor made since the last run
+    model = {SendOp: [], RecvOp: []}  # (task id, tensor) in queue order: a plain list's view
+    task_ids = iter(range(1, 10**6))
+
+    def new_op(op_type, numpy, task_id):
+        fill = task_id % 250 + 1 if op_type is SendOp else 0
+        tensor = np.full(16, fill, np.uint8) if numpy else torch.full((16,), fill, dtype=torch.uint8)
+        made[op_type].append((fill, tensor))
+        return op_type(task_id, tensor, 0)
+
+    def run_and_check():
+        pairs = {op_type: dict(model[op_type]) for op_type in model}
+        for op_type, other in ((SendOp, RecvOp), (RecvOp, SendOp)):
+            for task_id in pairs[other].keys() - pairs[op_type].keys():  # pair every queued op (appending)
+                op = new_op(op_type, task_id % 2 == 0, task_id)
+                (service.submit_send if op_type is SendOp else service.submit_recv)(op.tensor, 0, task_id)
+                pairs[op_type][task_id] = op.tensor
+        service.run()
+        assert len(service.send_ops) == len(service.recv_ops) == 0
+        expected = {id(tensor): task_id % 250 + 1 for task_id, tensor in pairs[RecvOp].items()}
+        for fill, tensor in made[SendOp]:  # sources unchanged
+            assert np.asarray(tensor).tolist() == [fill] * 16
+        for _, tensor in made[RecvOp]:  # each queued receive holds its pair's bytes, the others none
+            assert np.asarray(tensor).tolist() == [expected.get(id(tensor), 0)] * 16
+        for op_type in model:
+            kept.extend(made[op_type])
+            made[op_type].clear()
+            model[op_type].clear()
+
+    for action, sending, numpy, index in steps:
+        op_type = SendOp if sending else RecvOp
+        ops = service.send_ops if sending else service.recv_ops
+        listed = model[op_type]
+        if action == "run":
+            run_and_check()
+            continue
+        op = new_op(op_type, numpy, next(task_ids))
+        if action == "submit":
+            (service.submit_send if sending else service.submit_recv)(op.tensor, 0, op.task_id)
+            listed.append((op.task_id, op.tensor))
+        elif action == "append":
+            ops.append(op)
+            listed.append((op.task_id, op.tensor))
+        elif action == "insert":
+            ops.insert(index, op)
+            listed.insert(index, (op.task_id, op.tensor))
+        elif not listed:
+            continue
+        elif action == "set":
+            ops[index % len(listed)] = op
+            listed[index % len(listed)] = (op.task_id, op.tensor)
+        elif action == "pop":
+            ops.pop(index % len(listed))
+            listed.pop(index % len(listed))
+        elif action == "del_slice":
+            del ops[index:index + 2]
+            del listed[index:index + 2]
+        queued = list(ops)
+        assert [op.task_id for op in queued] == [task_id for task_id, _ in listed]
+        assert all(op.tensor is tensor for op, (_, tensor) in zip(queued, listed))
+    run_and_check()

@@ -3,14 +3,16 @@
 A step of a resharding job submits thousands of ops, so a submit must cost
 little more than the call, and allocate nothing the garbage collector tracks
 (with torch imported, a full collection costs tens of milliseconds). Each
-direction is a native ``_core.SubmitSide``: three plain lists (task ids,
-tensors, ranks), the queue's only store, and what run() needs of each tensor
-(address, byte size, contiguous, on the host), read natively when run() takes
-the ops (numpy arrays as they are submitted: they cannot be resized while
-queued). Its
-``submit`` takes the common case (a torch tensor or numpy array, an int rank in
-range, an int task id or None) without entering Python; anything else comes back to this
-module's checked submit, which raises what the base class documents.
+direction is a native ``_core.SubmitSide``: the queue's only store, four
+columns kept in step (task ids, tensors, ranks, and what run() needs of each
+tensor: address, byte size, contiguous, on the host). Every change writes the
+description of exactly the ops it touches: a torch tensor's is read natively
+when run() takes the ops, a submitted numpy array's at its submit (it cannot
+be resized while queued), anything else's by run(); no description outlives
+its op. Its ``submit`` takes the common case (a torch tensor or numpy array,
+an int rank in range, an int task id or None) without entering Python;
+anything else comes back to this module's checked submit, which raises what
+the base class documents.
 
 A tensor is used as it is when run() starts: one resized or re-pointed
 (``set_``, ``.data =``) after its submit is read in its new memory, never the
@@ -44,7 +46,7 @@ class Columns(NamedTuple):
     task_ids: List[Optional[int]]
     tensors: List[Any]  # normalized (numpy arrays, torch tensors)
     ranks: List[int]  # the peers
-    rows: Optional[np.ndarray]  # the description taken with the ops (see spans), or None
+    rows: np.ndarray  # the description taken with the ops (see spans)
 
     def spans(self) -> _tensors.Spans:
         """Address, byte size, contiguity and host residence of every tensor: as taken with
@@ -99,14 +101,9 @@ class SubmitQueue:
         """The native store of one direction (SendOp: the sends)."""
         return self._sides[op_type]
 
-    def columns(self, op_type: type) -> Tuple[List[Optional[int]], List[Any], List[int]]:
-        """The live (task ids, tensors, ranks) lists of one direction (SendOp: the sends)."""
-        side = self._sides[op_type]
-        return side.ids, side.tensors, side.ranks
-
     def counts(self) -> Tuple[int, int]:
         """How many sends and receives are queued."""
-        return len(self._sides[SendOp].ids), len(self._sides[RecvOp].ids)
+        return len(self._sides[SendOp]), len(self._sides[RecvOp])
 
     def take(self) -> Tuple[Columns, Columns]:
         """The queued sends and receives, leaving the queue empty."""
@@ -168,19 +165,16 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
     """``send_ops`` / ``recv_ops``: one direction of a SubmitQueue seen as a list of
     SendOp / RecvOp. The columns are the only store: reading gives a new op (a
     value: changing it changes nothing queued), writing (``[i] = op``, ``del``,
-    ``insert``, ``append``, ``clear``, assigning a list) changes the columns; run()
-    empties them."""
+    ``insert``, ``append``, ``clear``, assigning a list) changes the columns, the
+    description of exactly the ops written with them (SubmitSide's set / insert /
+    remove); run() empties them."""
 
     def __init__(self, queue: SubmitQueue, op_type: type) -> None:
-        self._queue = queue
+        self._side = queue.side(op_type)
         self._op_type = op_type
 
-    def _changed(self) -> None:
-        """The columns changed other than by appending: run() describes the tensors anew."""
-        self._queue.side(self._op_type).forget_description()
-
     def __len__(self) -> int:
-        return len(self._queue.columns(self._op_type)[0])
+        return len(self._side)
 
     @overload
     def __getitem__(self, index: int) -> Op: ...
@@ -189,11 +183,10 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
     def __getitem__(self, index: slice) -> List[Op]: ...
 
     def __getitem__(self, index: Any) -> Any:
-        ids, tensors, ranks = self._queue.columns(self._op_type)
+        positions = range(len(self._side))[index]  # IndexError as a list raises it
         if isinstance(index, slice):
-            return [self._op_type(*entry) for entry in zip(ids[index], tensors[index], ranks[index])]
-        position = range(len(ids))[index]  # IndexError as a list raises it
-        return self._op_type(ids[position], tensors[position], ranks[position])
+            return [self._op_type(*self._side.op(position)) for position in positions]
+        return self._op_type(*self._side.op(positions))
 
     def __setitem__(self, index: Any, op: Any) -> None:
         if isinstance(index, slice):
@@ -201,31 +194,23 @@ class QueuedOps(MutableSequence):  # type: ignore[type-arg]
             items[index] = op
             self._replace(items)
             return
-        ids, tensors, ranks = self._queue.columns(self._op_type)
-        position = range(len(ids))[index]
-        ids[position], tensors[position], ranks[position] = op.task_id, op.tensor, _peer(op)
-        self._changed()
+        self._side.set(range(len(self._side))[index], op.task_id, op.tensor, _peer(op))
 
     def __delitem__(self, index: Any) -> None:
-        for column in self._queue.columns(self._op_type):
-            del column[index]
-        self._changed()
+        positions = range(len(self._side))[index]
+        for position in sorted(positions, reverse=True) if isinstance(index, slice) else [positions]:
+            self._side.remove(position)
 
     def insert(self, index: int, op: Op) -> None:
-        if index >= len(self):
-            self.append(op)
-            return
-        ids, tensors, ranks = self._queue.columns(self._op_type)
-        ids.insert(index, op.task_id)
-        tensors.insert(index, op.tensor)
-        ranks.insert(index, _peer(op))
-        self._changed()
+        length = len(self._side)
+        position = max(0, min(length, index + length if index < 0 else index))  # as list.insert clamps
+        self._side.insert(position, op.task_id, op.tensor, _peer(op))
 
     def append(self, op: Op) -> None:
-        self._queue.side(self._op_type).append(op.task_id, op.tensor, _peer(op))
+        self._side.append(op.task_id, op.tensor, _peer(op))
 
     def clear(self) -> None:
-        self._queue.side(self._op_type).clear()
+        self._side.clear()
 
     def _replace(self, ops: Iterable[Op]) -> None:
         self.clear()
