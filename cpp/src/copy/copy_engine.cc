@@ -51,6 +51,7 @@ struct Job {
   std::size_t grain = 1;
   std::size_t max_participants = 1;
   std::size_t joined = 1;  // the caller; guarded by State::mutex
+  Clock::time_point posted;  // when the caller published the job
   // Next item to hand out; relaxed: ranges only need to be handed out once,
   // the data they write is published through `active_workers`.
   std::atomic<std::size_t> next{0};
@@ -86,10 +87,13 @@ void run_ranges(Job& job) noexcept {
 struct CopyEngine::State {
   // Sleeps until `generation` differs from `seen`, then updates `seen`.
   void wait_for_new_generation(uint64_t& seen);
+  // Polls `generation` for up to `how_long`; true (and `seen` updated) if it
+  // changed in that time.
+  bool poll_for_new_generation(uint64_t& seen, std::chrono::microseconds how_long) const noexcept;
   // Under `mutex`: enters the current job if it has room.
   [[nodiscard]] Job* try_join();
   void leave(Job& job) noexcept;
-  void worker_loop();
+  void worker_loop(std::chrono::microseconds idle_spin);
   void stop_and_join() noexcept;
 
   std::vector<std::thread> workers;
@@ -114,6 +118,20 @@ void CopyEngine::State::wait_for_new_generation(uint64_t& seen) {
   seen = generation.load(std::memory_order_relaxed);
 }
 
+bool CopyEngine::State::poll_for_new_generation(uint64_t& seen,
+                                                 std::chrono::microseconds how_long) const noexcept {
+  const auto until = Clock::now() + how_long;
+  for (unsigned polls = 0;; ++polls) {
+    const uint64_t now = generation.load(std::memory_order_relaxed);
+    if (now != seen) {
+      seen = now;
+      return true;
+    }
+    if ((polls & 63) == 63 && Clock::now() > until) return false;
+    sync::cpu_relax();
+  }
+}
+
 Job* CopyEngine::State::try_join() {
   if (job == nullptr || job->joined >= job->max_participants) return nullptr;
   ++job->joined;
@@ -128,22 +146,32 @@ void CopyEngine::State::leave(Job& finished) noexcept {
   }
 }
 
-void CopyEngine::State::worker_loop() {
+void CopyEngine::State::worker_loop(std::chrono::microseconds idle_spin) {
   RunningEngineScope scope(this);
   uint64_t seen = 0;
+  // Whether the last job came within idle_spin of the end of the one before.
+  bool back_to_back = false;
+  Clock::time_point last_finished;
   for (;;) {
     // Idle workers sleep: several engines (one per collector process) polling
-    // between jobs would take CPU from whoever shares the machine.
-    wait_for_new_generation(seen);
+    // between jobs would take CPU from whoever shares the machine. Only a
+    // worker whose jobs come back to back polls, and only for idle_spin.
+    const bool polled = back_to_back && idle_spin.count() > 0 && poll_for_new_generation(seen, idle_spin);
+    if (!polled) wait_for_new_generation(seen);
     Job* joined = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) return;
       joined = try_join();
     }
-    if (joined == nullptr) continue;  // the job is full or over: sleep until the next one
+    if (joined == nullptr) {  // the job is full or over: sleep until the next one
+      back_to_back = false;
+      continue;
+    }
+    back_to_back = joined->posted - last_finished < idle_spin;  // read before leave() may end the job
     run_ranges(*joined);
     leave(*joined);
+    last_finished = Clock::now();
   }
 }
 
@@ -192,7 +220,7 @@ CopyEngine::CopyEngine(const CopyEngineOptions& options)
   state_->workers.reserve(num_threads_);
   try {
     for (std::size_t i = 0; i < num_threads_; ++i) {
-      state_->workers.emplace_back([state = state_.get()] { state->worker_loop(); });
+      state_->workers.emplace_back([state = state_.get(), spin = options_.idle_spin] { state->worker_loop(spin); });
     }
   } catch (const std::system_error& error) {
     const std::size_t started = state_->workers.size();
@@ -256,6 +284,7 @@ void CopyEngine::parallel_for(std::size_t count, std::size_t grain, const RangeF
   job.max_participants = std::min(max_parallelism_, (count + grain - 1) / grain);
   {
     std::lock_guard<std::mutex> lock(state.mutex);
+    job.posted = Clock::now();
     state.job = &job;
     state.generation.fetch_add(1, std::memory_order_release);
     // Wake only as many sleepers as the job has places for.

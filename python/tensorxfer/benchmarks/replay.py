@@ -105,7 +105,8 @@ def bench_pack(report: Report, sizes: dict) -> None:
         report.note("pack: 'time' interleaves the variants call by call; torch's OpenMP workers keep polling "
                     "for a while after each call (unless OMP_WAIT_POLICY=passive), taking CPU from the variant "
                     "timed next when there are few cores. 'time back-to-back' runs each variant in a loop of "
-                    "its own (the copy engine's workers sleep between calls either way)")
+                    "its own, what a learner's loop does (the copy engine's workers poll for 50 us after a job "
+                    "only while jobs come back to back, so they sleep between the interleaved calls)")
 
 
 def add_copy_samples(report: Report, case: str, samples: dict, nbytes: int) -> None:

@@ -285,6 +285,46 @@ TEST(CopyEngineTest, IdleWorkersUseNoCpuBetweenJobs) {
   EXPECT_LT(other_threads_cpu_ns() - before, 200000) << "CPU used by idle workers in 200 ms";
 }
 
+TEST(CopyEngineTest, WorkersPollAfterBackToBackJobsThenSleep) {
+  CopyEngineOptions options;
+  options.num_threads = 1;
+  options.idle_spin = std::chrono::microseconds(50000);  // long enough to see on the CPU clock
+  CopyEngine engine(options);
+  const auto caller = std::this_thread::get_id();
+  // A job the worker takes part in: the caller's ranges wait for it.
+  auto job_with_the_worker = [&] {
+    std::atomic<bool> worker_ran{false};
+    engine.parallel_for(8, 1, [&](std::size_t, std::size_t) {
+      if (std::this_thread::get_id() != caller) {
+        worker_ran = true;
+        return;
+      }
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(50us);
+    });
+    return worker_ran.load();
+  };
+  // Jobs far apart: the worker sleeps between them.
+  ASSERT_TRUE(job_with_the_worker());
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(job_with_the_worker());
+  int64_t before = other_threads_cpu_ns();
+  std::this_thread::sleep_for(20ms);
+  const int64_t after_a_lone_job = other_threads_cpu_ns() - before;
+  EXPECT_LT(after_a_lone_job, 2000000) << "CPU used in 20 ms after a job that came 100 ms after the last";
+  // Jobs back to back: the worker polls for the next one (50 ms) ...
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(job_with_the_worker()) << "job " << i;
+  before = other_threads_cpu_ns();
+  std::this_thread::sleep_for(20ms);
+  const int64_t after_back_to_back = other_threads_cpu_ns() - before;
+  EXPECT_GT(after_back_to_back, 2000000) << "CPU used in 20 ms after back-to-back jobs";
+  // ... and then sleeps.
+  std::this_thread::sleep_for(100ms);
+  before = other_threads_cpu_ns();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_LT(other_threads_cpu_ns() - before, 2000000) << "CPU used in 100 ms once the poll ran out";
+}
+
 TEST(RequireCopyableTest, RefusesMismatchedViewsNamingThem) {
   std::vector<float> a(16), b(8);
   TensorView dst = TensorView::bytes(a.data(), 64);

@@ -48,8 +48,15 @@ struct CopyEngineOptions {
   std::size_t streaming_threshold = std::size_t{8} << 20;
   // How long the caller polls for the workers to finish their last ranges
   // before sleeping on a condition variable (only while its job is in flight).
-  // Idle workers never poll: between jobs they sleep and use no CPU.
   std::chrono::microseconds spin{200};
+  // While jobs come back to back (each posted within this long of the end of
+  // the one before), a worker that finishes one polls this long for the next
+  // before it sleeps, so the next call finds it awake. Once a poll runs out,
+  // or jobs come further apart, workers sleep between jobs and use no CPU.
+  // Measured on 2 vCPUs (pack_rows of 4096 x 4 KiB rows in a loop): a woken
+  // worker left the caller alone for part of each call, 0.95-1.05x torch's
+  // index_select; polling 30 or 100 us gave 1.21-1.41x. 0 = always sleep.
+  std::chrono::microseconds idle_spin{50};
 };
 
 class CopyEngine {
