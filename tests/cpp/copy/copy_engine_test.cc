@@ -206,24 +206,30 @@ TEST(CopyEngineTest, DestructorJoinsIdleAndJustUsedWorkers) {
   }
 }
 
+// Runs a job whose ranges on the calling thread wait (up to 10 s) until a
+// worker has taken one; true if a worker did.
+bool a_worker_joins_a_job(CopyEngine& engine) {
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> worker_ran{false};
+  engine.parallel_for(8, 1, [&](std::size_t, std::size_t) {
+    if (std::this_thread::get_id() != caller) {
+      worker_ran = true;
+      return;
+    }
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(50us);
+  });
+  return worker_ran.load();
+}
+
 TEST(CopyEngineTest, SleepingWorkersWakeForNewJobs) {
   CopyEngineOptions options;
   options.num_threads = 2;
   options.spin = std::chrono::microseconds(0);
   CopyEngine engine(options);
-  const auto caller = std::this_thread::get_id();
   for (int round = 0; round < 3; ++round) {
     std::this_thread::sleep_for(5ms);  // every worker is asleep now
-    std::atomic<bool> worker_ran{false};
-    engine.parallel_for(8, 1, [&](std::size_t, std::size_t) {
-      if (std::this_thread::get_id() != caller) {
-        worker_ran = true;
-        return;
-      }
-      const auto give_up = std::chrono::steady_clock::now() + 10s;
-      while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(50us);
-    });
-    EXPECT_TRUE(worker_ran.load()) << "round " << round;
+    EXPECT_TRUE(a_worker_joins_a_job(engine)) << "round " << round;
   }
 }
 
@@ -290,20 +296,7 @@ TEST(CopyEngineTest, WorkersPollAfterBackToBackJobsThenSleep) {
   options.num_threads = 1;
   options.idle_spin = std::chrono::microseconds(50000);  // long enough to see on the CPU clock
   CopyEngine engine(options);
-  const auto caller = std::this_thread::get_id();
-  // A job the worker takes part in: the caller's ranges wait for it.
-  auto job_with_the_worker = [&] {
-    std::atomic<bool> worker_ran{false};
-    engine.parallel_for(8, 1, [&](std::size_t, std::size_t) {
-      if (std::this_thread::get_id() != caller) {
-        worker_ran = true;
-        return;
-      }
-      const auto give_up = std::chrono::steady_clock::now() + 10s;
-      while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(50us);
-    });
-    return worker_ran.load();
-  };
+  auto job_with_the_worker = [&] { return a_worker_joins_a_job(engine); };
   // Jobs far apart: the worker sleeps between them.
   ASSERT_TRUE(job_with_the_worker());
   std::this_thread::sleep_for(100ms);
