@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -159,14 +160,22 @@ void bind_copy(py::module_& module) {
   py::class_<CopyEngine>(module, "CopyEngine",
                          "Worker threads that split large host copies and row packing with the "
                          "calling thread. Pass one to HostStream / pack_rows; no global engine.")
-      .def(py::init([](std::size_t num_threads) {
+      .def(py::init([](std::size_t num_threads, int64_t idle_spin_us) {
+             TENSORXFER_CHECK(InvalidArgument, idle_spin_us >= 0, "idle_spin_us must be >= 0, got ", idle_spin_us);
              copy::CopyEngineOptions options;
              options.num_threads = num_threads;
+             options.idle_spin = std::chrono::microseconds(idle_spin_us);
              return std::make_unique<CopyEngine>(options);
            }),
-           py::arg("num_threads") = 0,
-           "Starts `num_threads` workers (0 = one per hardware thread).")
+           py::arg("num_threads") = 0, py::kw_only(),
+           py::arg("idle_spin_us") = copy::CopyEngineOptions{}.idle_spin.count(),
+           "Starts `num_threads` workers (0 = one per hardware thread). While calls come back to back "
+           "(each within `idle_spin_us` of the end of the one before), a worker polls that long for the "
+           "next before sleeping; 0 = workers always sleep between calls.")
       .def_property_readonly("num_threads", &CopyEngine::num_threads, "Worker threads owned.")
+      .def_property_readonly(
+          "idle_spin_us", [](const CopyEngine& engine) { return engine.idle_spin().count(); },
+          "How long a worker polls for the next call while calls come back to back (microseconds).")
       .def_property_readonly("max_parallelism", &CopyEngine::max_parallelism,
                              "Threads (workers + caller) that share one copy at most.")
       .def_property_readonly("parallel_threshold", &CopyEngine::parallel_threshold,

@@ -180,13 +180,18 @@ class CopyEngine:
     """
     Worker threads that split large host copies and row packing with the calling thread. Pass one to HostStream / pack_rows; no global engine.
     """
-    def __init__(self, num_threads: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, num_threads: typing.SupportsInt | typing.SupportsIndex = 0, *, idle_spin_us: typing.SupportsInt | typing.SupportsIndex = 50) -> None:
         """
-        Starts `num_threads` workers (0 = one per hardware thread).
+        Starts `num_threads` workers (0 = one per hardware thread). While calls come back to back (each within `idle_spin_us` of the end of the one before), a worker polls that long for the next before sleeping; 0 = workers always sleep between calls.
         """
     def copy(self, dst: typing.Any, src: typing.Any) -> None:
         """
         Copies src's bytes into dst and returns when done (GIL released). Both contiguous host tensors of equal byte size, dst writable; ValueError otherwise.
+        """
+    @property
+    def idle_spin_us(self) -> int:
+        """
+        How long a worker polls for the next call while calls come back to back (microseconds).
         """
     @property
     def max_parallelism(self) -> int:

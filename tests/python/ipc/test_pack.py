@@ -294,3 +294,12 @@ def test_pack_rows_in_child_processes(method):
     finally:
         child.join(timeout=60)
     assert child.exitcode == 0
+
+
+def test_copy_engine_idle_spin_is_an_option_with_the_native_default():
+    assert _core.CopyEngine().idle_spin_us == 50
+    assert _core.CopyEngine(1, idle_spin_us=0).idle_spin_us == 0
+    with pytest.raises(ValueError, match="idle_spin_us must be >= 0, got -1"):
+        _core.CopyEngine(1, idle_spin_us=-1)
+    with pytest.raises(TypeError):
+        _core.CopyEngine(1, 5)  # keyword only: a second positional number is refused

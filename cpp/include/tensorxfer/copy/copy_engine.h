@@ -76,6 +76,7 @@ class CopyEngine {
   // Workers + caller that share one job.
   std::size_t max_parallelism() const noexcept { return max_parallelism_; }
   std::size_t parallel_threshold() const noexcept { return options_.parallel_threshold; }
+  std::chrono::microseconds idle_spin() const noexcept { return options_.idle_spin; }
 
   // Copies `nbytes` from `src` to `dst`; the ranges must not overlap. Blocks
   // until done. Copies of `parallel_threshold` bytes or more are split in
