@@ -469,6 +469,31 @@ void bind_resharding(py::module_& module) {
       "process `pid` to the local address (process_vm_readv, many rows per call, the calls spread over the "
       "engine's threads).");
   module.def(
+      "huge_page_bytes",
+      [](const U64Array& addresses, const U64Array& nbytes) {
+        TENSORXFER_CHECK(InvalidArgument, addresses.ndim() == 1 && nbytes.ndim() == 1 &&
+                                              addresses.shape(0) == nbytes.shape(0),
+                         "huge_page_bytes: expected two uint64 arrays of one dimension and the same length, got ",
+                         addresses.ndim() == 1 ? addresses.shape(0) : -1, " addresses and ",
+                         nbytes.ndim() == 1 ? nbytes.shape(0) : -1, " sizes");
+        py::array_t<int64_t> result(addresses.shape(0));
+        int64_t* out = result.mutable_data();
+        const uint64_t* address = addresses.data();
+        const uint64_t* size = nbytes.data();
+        const py::ssize_t count = addresses.shape(0);
+        {
+          py::gil_scoped_release release;
+          for (py::ssize_t i = 0; i < count; ++i) {
+            out[i] = copy::huge_page_bytes(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(address[i])),
+                                           static_cast<std::size_t>(size[i]));
+          }
+        }
+        return result;
+      },
+      py::arg("addresses"), py::arg("nbytes"),
+      "For each range [addresses[i], addresses[i] + nbytes[i]) of this process: the bytes huge pages back, -1 "
+      "where the kernel cannot say (PAGEMAP_SCAN, Linux 6.7). Reads no memory.");
+  module.def(
       "probe_process_memory",
       [](int pid, uint64_t address, const py::bytes& expected) {
         const std::string text = expected;

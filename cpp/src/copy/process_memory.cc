@@ -1,9 +1,12 @@
 #include "tensorxfer/copy/process_memory.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -11,6 +14,7 @@
 
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
+#include "tensorxfer/common/fd.h"
 #include "tensorxfer/copy/copy_engine.h"
 
 #ifndef PR_SET_PTRACER
@@ -22,6 +26,30 @@
 
 namespace tensorxfer::copy {
 namespace {
+
+// The PAGEMAP_SCAN interface of <linux/fs.h> (Linux 6.7), declared here for
+// older headers; the kernel checks `size` against the struct it knows.
+struct PageRegion {
+  uint64_t start;
+  uint64_t end;
+  uint64_t categories;
+};
+struct PageScanArgument {
+  uint64_t size;
+  uint64_t flags;
+  uint64_t start;
+  uint64_t end;
+  uint64_t walk_end;
+  uint64_t vec;
+  uint64_t vec_len;
+  uint64_t max_pages;
+  uint64_t category_inverted;
+  uint64_t category_mask;
+  uint64_t category_anyof_mask;
+  uint64_t return_mask;
+};
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PageScanArgument);
+constexpr uint64_t kPageIsHuge = uint64_t{1} << 6;
 
 // Chunks handed to one thread: large enough that the syscall cost is noise.
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
@@ -128,6 +156,40 @@ bool probe_process_memory(pid_t pid, uint64_t remote_address, const std::byte* e
     return false;
   }
   return std::memcmp(got.data(), expected, nbytes) == 0;
+}
+
+int64_t huge_page_bytes(const void* address, std::size_t nbytes) noexcept {
+  const FileDescriptor pagemap(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+  if (!pagemap.valid()) return -1;
+  const auto begin = reinterpret_cast<uintptr_t>(address);
+  const uint64_t end = begin + nbytes;
+  int64_t huge = 0;
+  PageRegion regions[64];
+  for (uint64_t from = begin; from < end;) {
+    // Only the huge pages come back, runs of them merged into one region each.
+    PageScanArgument scan{};
+    scan.size = sizeof(scan);
+    scan.start = from & ~uint64_t{4095};
+    scan.end = (end + 4095) & ~uint64_t{4095};
+    scan.vec = reinterpret_cast<uintptr_t>(regions);
+    scan.vec_len = std::size(regions);
+    scan.category_mask = kPageIsHuge;
+    scan.return_mask = kPageIsHuge;
+    int found = 0;
+    do {
+      found = ::ioctl(pagemap.get(), kPagemapScan, &scan);
+    } while (found < 0 && errno == EINTR);
+    if (found < 0) return -1;  // ENOTTY / EINVAL: a kernel without PAGEMAP_SCAN
+    for (int i = 0; i < found; ++i) {
+      const uint64_t first = std::max<uint64_t>(regions[i].start, begin);
+      const uint64_t last = std::min<uint64_t>(regions[i].end, end);
+      if (last > first) huge += static_cast<int64_t>(last - first);
+    }
+    // A full vector may have stopped the walk early: walk_end says where.
+    if (static_cast<std::size_t>(found) < std::size(regions) || scan.walk_end <= from) break;
+    from = scan.walk_end;
+  }
+  return huge;
 }
 
 bool allow_memory_readers() noexcept {

@@ -21,9 +21,6 @@ constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
 // Totals below this are copied on the calling thread: waking workers costs
 // more than it saves (same break-even as CopyEngine::copy's threshold).
 constexpr std::size_t kParallelBytes = std::size_t{512} << 10;
-// Copies of at least this many bytes in total use streaming stores: the data
-// is about to be sent or was just received, not read back by this thread.
-constexpr std::size_t kStreamingBytes = std::size_t{8} << 20;
 
 bool ranges_overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   if (a_bytes == 0 || b_bytes == 0) return false;
@@ -99,7 +96,7 @@ std::size_t packed_nbytes(const std::vector<std::size_t>& nbytes) {
   return total;
 }
 
-void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine) {
+void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine, SpanStores stores) {
   TENSORXFER_CHECK(InvalidArgument, count == 0 || spans != nullptr, "copy_spans: null span list for ", count,
                    " spans");
   std::size_t total = 0;
@@ -109,7 +106,9 @@ void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine) {
                      "span sizes overflow: span ", i, " adds ", spans[i].nbytes, " bytes to ", total);
     total += spans[i].nbytes;
   }
-  const bool streaming = total >= kStreamingBytes;
+  // By size: from kStreamingSpanBytes on, the data is about to be sent or was
+  // just received, not read back by this thread.
+  const bool streaming = stores == SpanStores::kStreaming || total >= kStreamingSpanBytes;
   if (engine == nullptr || total < kParallelBytes || engine->max_parallelism() < 2) {
     for (std::size_t i = 0; i < count; ++i) {
       if (spans[i].nbytes > 0) copy_one(spans[i], 0, spans[i].nbytes, streaming);

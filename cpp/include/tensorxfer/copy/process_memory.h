@@ -44,6 +44,15 @@ void read_process_pieces(CopyEngine& engine, pid_t pid, const std::vector<Remote
 [[nodiscard]] bool probe_process_memory(pid_t pid, uint64_t remote_address, const std::byte* expected,
                                         std::size_t nbytes) noexcept;
 
+// Bytes of [address, address + nbytes) in this process that huge pages back
+// (transparent or hugetlb), as the PAGEMAP_SCAN ioctl of /proc/self/pagemap
+// reports them; -1 when the kernel cannot say (before Linux 6.7). Why it
+// matters: process_vm_readv pins the source page by page, so reading 4 KiB
+// pages runs at about half the speed of reading huge ones (302 MB between two
+// processes on 2 cores: 40-43 ms from 4 KiB pages, 20-30 ms from huge ones, a
+// memcpy 16-23 ms). Pages not yet touched count as not huge. Never throws.
+[[nodiscard]] int64_t huge_page_bytes(const void* address, std::size_t nbytes) noexcept;
+
 // Lets any process of this user read this one's memory under Yama ptrace_scope
 // 1 (PR_SET_PTRACER_ANY); a no-op where Yama is absent. Returns false if the
 // kernel refused. Never throws.

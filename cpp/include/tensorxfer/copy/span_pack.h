@@ -24,6 +24,20 @@ struct Span {
   std::size_t nbytes = 0;
 };
 
+// How copy_spans writes its destinations.
+enum class SpanStores {
+  // Streaming (non-temporal) stores when the spans total kStreamingSpanBytes or
+  // more, cached stores below that.
+  kBySize,
+  // Streaming stores whatever the total: the caller knows these spans are a
+  // piece of a transfer far larger than the caches (a large run's receives,
+  // unpacked one slot at a time), which nobody reads back soon.
+  kStreaming,
+};
+
+// The total from which copy_spans streams under SpanStores::kBySize.
+inline constexpr std::size_t kStreamingSpanBytes = std::size_t{8} << 20;
+
 // Sum of `nbytes`; throws InvalidArgument if it overflows std::size_t.
 std::size_t packed_nbytes(const std::vector<std::size_t>& nbytes);
 
@@ -33,10 +47,13 @@ std::size_t packed_nbytes(const std::vector<std::size_t>& nbytes);
 // Spans' destinations must not overlap each other (not checked; which write
 // wins is then unspecified). Work is split across `engine`'s threads and the
 // caller when the total is large enough (caller only when `engine` is null).
+// `stores` picks cached or streaming stores (see SpanStores).
 // Returns when all are done. Thread-safe as far as the engine is.
-void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine);
-inline void copy_spans(const std::vector<Span>& spans, CopyEngine* engine) {
-  copy_spans(spans.data(), spans.size(), engine);
+void copy_spans(const Span* spans, std::size_t count, CopyEngine* engine,
+                SpanStores stores = SpanStores::kBySize);
+inline void copy_spans(const std::vector<Span>& spans, CopyEngine* engine,
+                       SpanStores stores = SpanStores::kBySize) {
+  copy_spans(spans.data(), spans.size(), engine, stores);
 }
 
 // dst[offset(i) ...] = sources[i] for every span. dst must hold at least

@@ -1,20 +1,23 @@
 // PipelineExecutor: runs a schedule (communication_scheduler.h) through
 // double-buffered slots, the host counterpart of the NVSHMEM pipeline.
 //
-// For each iteration i, on every rank:
-//   1. pack iteration i straight into the destination's receive slot i%2  (async, pack stream)
-//   2. unpack iteration i-1 from this rank's receive slot (i-1)%2          (async, unpack stream)
-//   3. wait for 1 and 2
-//   4. barrier
+// For each iteration i, on every rank, on the calling thread (each copy spread
+// over the engine's threads):
+//   1. pack iteration i straight into the destination's receive slot i%2
+//   2. unpack iteration i-1 from this rank's receive slot (i-1)%2
+//   3. barrier
 // After the last iteration its batch is unpacked and a final barrier ends the
 // run. Each byte is copied twice (into the peer's slot, out of this rank's),
-// not three times as through a send slot first. Why no slot is overwritten
-// early: receive slot i%2 is written by a peer in step 1 of iteration i, after
-// it left the barrier of iteration i-1, which every rank entered only after
-// finishing the unpack of iteration i-2 from that same slot (step 3). (Waiting
-// after the barrier instead lets a fast peer overwrite the slot while it is
-// still being unpacked: the threaded test catches that.) The final barrier
-// keeps the next run from writing a receive slot that is still being unpacked.
+// not three times as through a send slot first. Packs use cached stores (the
+// peer reads the slot back at once); a run that receives kStreamingSpanBytes
+// or more unpacks with streaming stores. Why no slot is overwritten early:
+// receive slot i%2 is written by a peer in step 1 of iteration i, after it
+// left the barrier of iteration i-1, which every rank entered only after
+// finishing the unpack of iteration i-2 from that same slot (step 2). The
+// final barrier keeps the next run from writing a receive slot that is still
+// being unpacked. (Packing and unpacking on two streams at once measured
+// slower: 302 MB each way between 2 processes on 2 cores, 38-41 ms against
+// 31-33 ms, as the streams and the engine's workers then compete for the cores.)
 //
 // Every barrier carries the identity of the operation it belongs to: the
 // caller's `operation` (the same on every rank, different for each run), the
@@ -32,15 +35,12 @@
 #include <memory>
 #include <vector>
 
+#include "tensorxfer/copy/span_pack.h"
 #include "tensorxfer/resharding/double_buffers.h"
 #include "tensorxfer/resharding/persistent_plan.h"
 #include "tensorxfer/resharding/pipeline_plan.h"
 #include "tensorxfer/resharding/transfer_task.h"
 #include "tensorxfer/runtime/stream.h"
-
-namespace tensorxfer::copy {
-class CopyEngine;
-}
 
 namespace tensorxfer::resharding {
 
@@ -55,7 +55,7 @@ class PipelineExecutor {
   int my_pe() const noexcept { return my_pe_; }
 
   // Runs the pipeline over `schedules` (one entry per iteration, the same
-  // number on every rank). Checked before anything moves (InvalidArgument
+  // number on every rank; see the file comment). Checked before anything moves (InvalidArgument
   // naming the field): a send starts at this rank and a receive ends here,
   // the peer is another rank of the group, `iteration` is the entry's index,
   // no two batches of one peer share a `batch_index`, the batch fits the
@@ -63,8 +63,8 @@ class PipelineExecutor {
   // without overlapping another segment in the slot. Closed once the buffers
   // are released. The memory
   // in `sends` and `receives` must stay valid until the call returns. Throws
-  // what DoubleBuffers::barrier throws (Timeout, PeerLost) after draining the
-  // streams, so nothing touches task memory once it returns or throws.
+  // what DoubleBuffers::barrier throws (Timeout, PeerLost); nothing touches
+  // task memory once it returns or throws.
   void execute_pipeline(const std::vector<IterationSchedule>& schedules, const TaskMemoryMap& sends,
                         const TaskMemoryMap& receives, uint64_t operation);
 
@@ -97,7 +97,8 @@ class PipelineExecutor {
  private:
   void check_open(const char* operation) const;
   PlanBounds bounds() const;
-  void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot);
+  void copy_segments(const ScheduledBatch& batch, std::byte* slot, const TaskMemoryMap& memory, bool into_slot,
+                     copy::SpanStores stores);
   // Barrier `barrier` of the `barriers` of `operation` (see the file comment).
   void tagged_barrier(uint64_t operation, uint64_t barrier, uint64_t barriers);
   // Enters the group's barrier with `tag` in this rank's tag words; returns the
@@ -105,8 +106,6 @@ class PipelineExecutor {
   int barrier_with_tag(const std::array<uint64_t, kTagWords>& tag, std::array<uint64_t, kTagWords>& seen);
   // A persistent run's barrier `barrier` (see execute_steps).
   void persistent_barrier(uint64_t plan_id, uint64_t version, uint64_t run, uint64_t barrier);
-  // Enqueues packing `batch` (checked) into `slot` on the pack stream.
-  void pack_into(std::byte* slot, const ScheduledBatch& batch, const TaskMemoryMap& sends);
 
   copy::CopyEngine& engine_;
   DoubleBuffers& buffers_;

@@ -22,7 +22,8 @@ from tensorxfer.resharding.copy_services import _ptracer, _tensors
 from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
 from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, RunProtocol
 from tensorxfer.resharding.copy_services._send_buffer import NOT_IN_BUFFER, SendBuffers
-from tensorxfer.resharding.copy_services._shm_plan import ShmPlan, build_shm_plan, published_for_receives
+from tensorxfer.resharding.copy_services._shm_plan import (ShmPlan, build_shm_plan, attach_flags,
+                                                            published_for_receives)
 from tensorxfer.runtime.group import LocalGroup
 from tensorxfer.runtime.ipc_memory import IpcMemory
 
@@ -100,8 +101,13 @@ class ShmMover:
             return list(self.local.all_gather_bytes(data, remaining(deadline)))
 
     def send_flags(self, spans: _tensors.Spans, rows: np.ndarray) -> Optional[np.ndarray]:
-        """Flags the sends whose source lies in this rank's send buffer (read directly by their receiver)."""
-        return self.buffers.send_flags(spans, rows)
+        """Flags the sends whose source lies in this rank's send buffer (read directly by their
+        receiver), and those cross-memory attach reads fast (_shm_plan.attach_flags)."""
+        flags = self.buffers.send_flags(spans, rows)
+        if self.cma_min_bytes is None or not self.cma_pairs.any():
+            return flags
+        readable = attach_flags(spans, rows, self.cma_min_bytes)
+        return readable if flags is None else flags | readable
 
     def build_plan(self, tables: List[Tuple[np.ndarray, np.ndarray]], digests: List[bytes]) -> ShmPlan:
         return build_shm_plan(self.backend_name, self.rank, self.world_size, tables, digests, self.slot_nbytes,

@@ -5,7 +5,8 @@ group / mpi4py communicator whose ranks are all on this host). A run shares
 the matching, size agreement, local copies and plan reuse of the other
 backends; the remote tasks then move in two ways:
 
-* large tasks (``cma_min_bytes`` and up) in one copy: the receiver reads the
+* large tasks (``cma_min_bytes`` and up; from 2 MiB on, only sources mostly in
+  huge pages: see ``_shm_plan.attach_flags``) in one copy: the receiver reads the
   sender's tensor with cross-memory attach (``process_vm_readv``, parallel
   chunks), where the kernel permits it between the two processes -- probed once
   per service for every pair (``cma_pairs``; ``python -m tensorxfer info``
@@ -41,7 +42,8 @@ from tensorxfer.runtime.group import LocalGroup
 
 #: Bytes of one pipeline slot (each rank maps two send and two receive slots).
 DEFAULT_SLOT_NBYTES = 4 << 20
-#: Remote tasks of at least this many bytes move by cross-memory attach where permitted.
+#: Remote tasks of at least this many bytes move by cross-memory attach where permitted
+#: (from 2 MiB on, only from huge pages).
 DEFAULT_CMA_MIN_BYTES = 1 << 20
 
 
@@ -64,7 +66,8 @@ class ShmCopyService(QueuedCopyService):
     ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
     or None for the default torch.distributed group. ``slot_nbytes`` sizes the
     pipeline's slots (a multiple of 64), ``max_tasks_per_batch`` bounds a batch,
-    ``cma_min_bytes`` is where cross-memory attach takes over (None: never).
+    ``cma_min_bytes`` is where cross-memory attach takes over (None: never; from 2 MiB
+    on only for sources in huge pages).
     ``buffer_bytes`` sizes this rank's shared send buffer (:meth:`buffer`; the
     same on every rank, 0 = none).
     Collective construction: every rank of the group builds its service together.
