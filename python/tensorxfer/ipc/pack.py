@@ -183,25 +183,25 @@ class PackLayout:
 
 # ---- the engine pack_rows uses when given none -------------------------------
 
-_default_engine: Optional[_core.CopyEngine] = None
-_default_engine_lock = threading.Lock()
+# One engine per process and poll setting, created on first use.
+_default_engines: Dict[Optional[int], _core.CopyEngine] = {}
+_default_engines_lock = threading.Lock()
 # Engines inherited through fork(): their threads exist only in the parent, so
-# they are kept (never destroyed) and a new engine is made in the child.
+# they are kept (never destroyed) and new engines are made in the child.
 _engines_from_parent: list = []
 
 
-def _forget_engine_after_fork() -> None:
-    global _default_engine, _default_engine_lock
-    if _default_engine is not None:
-        _engines_from_parent.append(_default_engine)
-    _default_engine = None
-    _default_engine_lock = threading.Lock()
+def _forget_engines_after_fork() -> None:
+    global _default_engines_lock
+    _engines_from_parent.extend(_default_engines.values())
+    _default_engines.clear()
+    _default_engines_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_engine_after_fork)
+os.register_at_fork(after_in_child=_forget_engines_after_fork)
 
 
-def default_copy_engine() -> _core.CopyEngine:
+def default_copy_engine(idle_spin_us: Optional[int] = None) -> _core.CopyEngine:
     """The ``CopyEngine`` that ``pack_rows`` uses when ``engine`` is None.
 
     Created on first use, one per process (a forked child makes its own), with
@@ -209,14 +209,18 @@ def default_copy_engine() -> _core.CopyEngine:
     caller included); while calls come back to back a worker polls 50 us
     for the next one, otherwise the workers sleep between jobs. The native core
     itself keeps no global engine; this one lives in this module.
+
+    ``idle_spin_us`` asks for the engine with that back-to-back poll instead
+    (each setting has its own engine in the process): the copy services use 0,
+    because their ranks copy in step with peer processes on the same cores.
     """
-    global _default_engine
-    engine = _default_engine
+    engine = _default_engines.get(idle_spin_us)
     if engine is None:
-        with _default_engine_lock:
-            if _default_engine is None:
-                _default_engine = _core.CopyEngine()
-            engine = _default_engine
+        with _default_engines_lock:
+            engine = _default_engines.get(idle_spin_us)
+            if engine is None:
+                engine = _core.CopyEngine() if idle_spin_us is None else _core.CopyEngine(idle_spin_us=idle_spin_us)
+                _default_engines[idle_spin_us] = engine
     return engine
 
 

@@ -266,7 +266,7 @@ def build_persistent_plan(service: Any, sends: Iterable[Any], recvs: Iterable[An
 
 def _build_local(service: Any, send_ids: List[Optional[int]], send_tensors: List[Any], send_peers: List[int],
                  recv_ids: List[Optional[int]], recv_tensors: List[Any], recv_peers: List[int]) -> Tuple[Any, ...]:
-    from tensorxfer.ipc.pack import default_copy_engine
+    from tensorxfer.resharding._copy_engine import resharding_copy_engine
     from tensorxfer.resharding.copy_services._pattern import OpPattern
 
     for peer in list(send_peers) + list(recv_peers):
@@ -280,7 +280,7 @@ def _build_local(service: Any, send_ids: List[Optional[int]], send_tensors: List
     check_pair_sizes(service.backend_name, service.rank, pattern, send_meta, send_dims, recv_meta, recv_dims)
     pairs = np.stack(pattern.pairs, axis=1).astype(np.uint64) if pattern.pairs[0].size else np.zeros((0, 2), np.uint64)
     steps = _core.build_local_steps(send_meta, send_dims, recv_meta, recv_dims, pairs, None)
-    return steps, plan_digest([bytes(16)], 0), None, default_copy_engine()
+    return steps, plan_digest([bytes(16)], 0), None, resharding_copy_engine()
 
 
 def view_nbytes(meta: np.ndarray, dims: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.errors import ClosedError, UnsupportedError
-from tensorxfer.ipc.pack import default_copy_engine
+from tensorxfer.resharding._copy_engine import resharding_copy_engine
 from tensorxfer.resharding.copy_services import _tensors
 from tensorxfer.resharding.native_batch import U32, NativeBatches, field_int, task_rows
 from tensorxfer.resharding.cuda_pipeline import CudaKernelLauncher, CudaPipeline, cuda_tensor_locator, device_bytes
@@ -126,7 +126,7 @@ class HostKernelLauncher:
 
     def __init__(self, send_requests: Sequence[SendRequest] = (), receive_requests: Sequence[ReceiveRequest] = (),
                  engine: Optional[_core.CopyEngine] = None) -> None:
-        self.engine = engine if engine is not None else default_copy_engine()
+        self.engine = engine if engine is not None else resharding_copy_engine()
         self.version = 0  # bumped by set_requests, so the executor reloads the task memory
         self.set_requests(send_requests, receive_requests)
 

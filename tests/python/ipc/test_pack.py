@@ -273,18 +273,32 @@ def test_default_engine_is_created_once_per_process():
     assert engine.num_threads >= 1
 
 
+def test_default_engines_are_one_per_poll_setting_and_resharding_takes_the_sleeping_one():
+    from tensorxfer.resharding._copy_engine import resharding_copy_engine
+
+    polling, sleeping = default_copy_engine(), default_copy_engine(idle_spin_us=0)
+    assert polling is not sleeping
+    assert sleeping is default_copy_engine(idle_spin_us=0)
+    assert (polling.idle_spin_us, sleeping.idle_spin_us) == (50, 0)
+    assert resharding_copy_engine() is sleeping
+
+
 def _pack_in_child(queue):
     store = make_store(30, seed=3)
     layout = PackLayout(FIELDS, rows=4)
     dst = np.zeros(layout.nbytes, np.uint8)
     pack_rows(dst, layout, store, [3, 1, 29, 0])
-    queue.put(bool(np.array_equal(layout.unpack(dst)["obs"], store["obs"][[3, 1, 29, 0]])))
+    copied = np.zeros_like(dst)
+    default_copy_engine(idle_spin_us=0).copy(copied, dst)
+    queue.put(bool(np.array_equal(layout.unpack(dst)["obs"], store["obs"][[3, 1, 29, 0]]))
+              and bool(np.array_equal(copied, dst)))
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_pack_rows_in_child_processes(method):
-    default_copy_engine()  # a forked child inherits this engine without its threads
+    default_copy_engine()  # a forked child inherits these engines without their threads
+    default_copy_engine(idle_spin_us=0)
     context = multiprocessing.get_context(method)
     queue = context.Queue()
     child = context.Process(target=_pack_in_child, args=(queue,))

@@ -21,7 +21,7 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.errors import PeerLostError
-from tensorxfer.ipc.pack import default_copy_engine
+from tensorxfer.resharding._copy_engine import resharding_copy_engine
 from tensorxfer.resharding.copy_services import _tensors, planning
 from tensorxfer.resharding.copy_services.planning import coalescing
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
@@ -97,7 +97,7 @@ class MessageExecutor:
                  recv_tensors: Sequence[Any], recv_spans: _tensors.Spans, deadline: Optional[float],
                  timeout: Optional[float]) -> None:
         """Moves the remote ops (tensors and spans in the order of the plan's local indices)."""
-        engine = default_copy_engine()
+        engine = resharding_copy_engine()
         send_objects, send_addresses = _tensors.sources_as_now(send_tensors, send_spans)
         recv_targets, recv_addresses, pending = _tensors.staged_targets(recv_tensors, recv_spans)
         all_host = bool(send_spans.host.all() and recv_spans.host.all())

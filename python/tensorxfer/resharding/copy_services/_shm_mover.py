@@ -17,7 +17,7 @@ import numpy as np
 
 from tensorxfer import _core
 from tensorxfer.errors import PeerLostError
-from tensorxfer.ipc.pack import default_copy_engine
+from tensorxfer.resharding._copy_engine import resharding_copy_engine
 from tensorxfer.resharding.copy_services import _ptracer, _tensors
 from tensorxfer.resharding.copy_services._cross_memory import probe_cross_memory_attach
 from tensorxfer.resharding.copy_services._run_protocol import _STEP_DIRECT_ADDRESSES, RunProtocol
@@ -53,7 +53,7 @@ class ShmMover:
         self.buffer_tasks_read = 0  # tasks received straight from a peer's send buffer, in all runs
         self.memory: Optional[IpcMemory] = None
         self.executor: Any = None
-        self.engine = default_copy_engine()
+        self.engine = resharding_copy_engine()
         self.cma_pairs = np.zeros((local.world_size, local.world_size), bool)
         self.pids: List[int] = []
         self._ptracer_grant: Optional[int] = None

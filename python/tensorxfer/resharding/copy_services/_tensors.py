@@ -14,7 +14,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer import _core
-from tensorxfer.ipc.pack import default_copy_engine
+from tensorxfer.resharding._copy_engine import resharding_copy_engine
 
 
 class TensorInfo(NamedTuple):
@@ -181,7 +181,7 @@ def copy_host_spans(sources: Any, destinations: Any, nbytes: Any) -> None:
     spans[:, 0] = sources
     spans[:, 1] = destinations
     spans[:, 2] = nbytes
-    _core.copy_spans(spans, default_copy_engine())
+    _core.copy_spans(spans, resharding_copy_engine())
 
 
 def sources_as_now(tensors: Sequence[Any], spans: Spans) -> Tuple[List[Any], np.ndarray]:
