@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "views_pieces.h"
 #include "tensorxfer/collectives/ipc_memory.h"
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
@@ -66,8 +67,6 @@ py::array_t<uint64_t> segment_rows(const resharding::ScheduledBatch& batch) {
   return rows;
 }
 
-using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
-
 // A batch from its Python form (src, dest, batch_index, iteration, total_nbytes, segments (n, 4)).
 resharding::ScheduledBatch batch_from(const py::handle& item) {
   const auto fields = item.cast<py::tuple>();
@@ -107,33 +106,6 @@ resharding::TaskMemoryMap memory_map(const U64Array& ids, const U64Array& addres
     TENSORXFER_CHECK(InvalidArgument, fresh, side, " task ", id(i), " appears twice");
   }
   return map;
-}
-
-using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
-// The pieces of every tensor of one side: `meta` rows (address, itemsize, ndim), `dims`
-// rows (size, stride in bytes), ndim of them per tensor in order.
-std::vector<resharding::Pieces> views_pieces(const U64Array& meta, const I64Array& dims, const char* side) {
-  TENSORXFER_CHECK(InvalidArgument, meta.ndim() == 2 && meta.shape(1) == 3 && dims.ndim() == 2 && dims.shape(1) == 2,
-                   side, ": views must be (n, 3) rows of (address, itemsize, ndim) and (m, 2) rows of (size, stride)");
-  const auto rows = meta.unchecked<2>();
-  const auto sizes = dims.unchecked<2>();
-  std::vector<resharding::Pieces> pieces(static_cast<std::size_t>(meta.shape(0)));
-  py::ssize_t next = 0;
-  for (py::ssize_t i = 0; i < meta.shape(0); ++i) {
-    const auto ndim = static_cast<py::ssize_t>(rows(i, 2));
-    TENSORXFER_CHECK(InvalidArgument, ndim >= 0 && ndim <= dims.shape(0) - next, side, " view ", i, ": ndim ", ndim,
-                     " runs past the ", dims.shape(0), " dimension rows");
-    std::vector<int64_t> shape, strides;
-    for (py::ssize_t d = 0; d < ndim; ++d) {
-      shape.push_back(sizes(next + d, 0));
-      strides.push_back(sizes(next + d, 1));
-    }
-    next += ndim;
-    auto* data = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(rows(i, 0)));
-    pieces[static_cast<std::size_t>(i)] = resharding::strided_pieces(data, rows(i, 1), shape, strides);
-  }
-  return pieces;
 }
 
 // Task id -> pieces of the op each (task id, op index) row names.
@@ -285,10 +257,37 @@ class PyPipelineExecutor {
 
 }  // namespace
 
-void bind_submit_queue(py::module_& module);  // bind_submit_queue.cc
+// The pieces of every tensor of one side: `meta` rows (address, itemsize, ndim), `dims`
+// rows (size, stride in bytes), ndim of them per tensor in order.
+std::vector<resharding::Pieces> views_pieces(const U64Array& meta, const I64Array& dims, const char* side) {
+  TENSORXFER_CHECK(InvalidArgument, meta.ndim() == 2 && meta.shape(1) == 3 && dims.ndim() == 2 && dims.shape(1) == 2,
+                   side, ": views must be (n, 3) rows of (address, itemsize, ndim) and (m, 2) rows of (size, stride)");
+  const auto rows = meta.unchecked<2>();
+  const auto sizes = dims.unchecked<2>();
+  std::vector<resharding::Pieces> pieces(static_cast<std::size_t>(meta.shape(0)));
+  py::ssize_t next = 0;
+  for (py::ssize_t i = 0; i < meta.shape(0); ++i) {
+    const auto ndim = static_cast<py::ssize_t>(rows(i, 2));
+    TENSORXFER_CHECK(InvalidArgument, ndim >= 0 && ndim <= dims.shape(0) - next, side, " view ", i, ": ndim ", ndim,
+                     " runs past the ", dims.shape(0), " dimension rows");
+    std::vector<int64_t> shape, strides;
+    for (py::ssize_t d = 0; d < ndim; ++d) {
+      shape.push_back(sizes(next + d, 0));
+      strides.push_back(sizes(next + d, 1));
+    }
+    next += ndim;
+    auto* data = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(rows(i, 0)));
+    pieces[static_cast<std::size_t>(i)] = resharding::strided_pieces(data, rows(i, 1), shape, strides);
+  }
+  return pieces;
+}
+
+void bind_submit_queue(py::module_& module);     // bind_submit_queue.cc
+void bind_stream_messages(py::module_& module);  // bind_stream_messages.cc
 
 void bind_resharding(py::module_& module) {
   bind_submit_queue(module);  // the copy services' submit path and tensor descriptions
+  bind_stream_messages(module);  // persistent plans' streams between hosts
 
   module.def(
       "build_transfer_schedule",

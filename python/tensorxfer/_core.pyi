@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PersistentSteps', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_local_steps', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_bytes', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PersistentSteps', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'StreamMessages', 'StreamViews', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_local_steps', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_bytes', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'message_sizes', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -593,6 +593,41 @@ class SubmitSide:
         """
         (ids, tensors, ranks, rows) of the queued ops, leaving this side empty; rows: (n, 3) uint64 of (address, nbytes, flags) as describe_spans, flag 8 where not described.
         """
+class StreamMessages:
+    """
+    One side's messages of one stream (native).
+    """
+    def copy(self, k: typing.SupportsInt | typing.SupportsIndex, engine: CopyEngine) -> None:
+        """
+        Packs message k into its staging buffer (a send side) or unpacks it from there (a receive side); nothing for a direct message. GIL released.
+        """
+    @property
+    def count(self) -> int:
+        ...
+    @property
+    def direct(self) -> numpy.typing.NDArray[numpy.uint64]:
+        """
+        Each message's address in the user's memory (sent from / received into), 0 = staged.
+        """
+    @property
+    def nbytes(self) -> numpy.typing.NDArray[numpy.uint64]:
+        ...
+class StreamViews:
+    """
+    Every view's pieces of one side of a plan (native).
+    """
+    def __init__(self, meta: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], dims: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], side: str) -> None:
+        """
+        From describe_views' (meta, dims); side is 'sends' or 'receives'.
+        """
+    def messages(self, items: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], sizes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], staging: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], staging_nbytes: typing.SupportsInt | typing.SupportsIndex, streaming: bool, keep_alive: typing.Any) -> StreamMessages:
+        """
+        The stream's messages; staged message k goes through staging[k % len(staging)] (addresses of buffers of staging_nbytes, kept alive by keep_alive with the views' memory); `streaming` writes copies with streaming stores.
+        """
+    def staged_count(self, items: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], sizes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64]) -> int:
+        """
+        How many messages of the stream of these views (by index, in order) cut at `sizes` need staging.
+        """
 class PipelinePlan:
     """
     One rank's iterations of a transfer schedule (native).
@@ -763,6 +798,10 @@ def managed_advise_preferred_location(view: TensorView, argument: str, device: t
     ...
 def managed_prefetch(view: TensorView, argument: str, device: typing.SupportsInt | typing.SupportsIndex, stream: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
     ...
+def message_sizes(item_nbytes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], bucket_nbytes: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.uint64]:
+    """
+    The message sizes of a stream of items of these sizes (resharding/stream_messages.h): small items share buckets of at most bucket_nbytes, an item of half a bucket or more starts its own messages.
+    """
 def numa_nodes_of(view: TensorView, argument: str) -> list[int]:
     ...
 def numa_nodes_with_memory() -> list[int]:

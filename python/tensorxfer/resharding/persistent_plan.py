@@ -121,22 +121,43 @@ def _layouts(tensors: Sequence[Any]) -> List[Tuple[int, Tuple[int, ...], Tuple[i
     return layouts
 
 
+class StepsRunner:
+    """Runs a plan's native copy lists (``_core.PersistentSteps``): through the shm
+    executor's barriers, or, without an executor, the same-rank copies alone."""
+
+    def __init__(self, steps: Any, plan_id: int, executor: Any = None, engine: Any = None) -> None:
+        self.steps = steps
+        self.plan_id = plan_id
+        self._executor = executor
+        self._engine = engine
+
+    @property
+    def bytes(self) -> int:
+        return int(self.steps.bytes)
+
+    def run(self, version: int, runs: int, timeout: Optional[float]) -> None:
+        if self._executor is None:
+            self.steps.copy_local(self._engine)
+        else:
+            self._executor.execute_steps(self.steps, self.plan_id, version, runs, timeout)
+
+    def close(self) -> None:
+        self.steps = None
+
+
 class PersistentPlan:
     """A batch of sends and receives resolved once (see the module docstring). Built by
     :func:`build_persistent_plan`; ``run()`` is collective when any rank moves bytes
     between processes."""
 
-    def __init__(self, service: Any, sends: List[Any], recvs: List[Any], steps: Any, plan_id: int,
-                 run_native: bool, executor: Any = None, engine: Any = None) -> None:
+    def __init__(self, service: Any, sends: List[Any], recvs: List[Any], runner: Any = None) -> None:
         self.service = service
         self._sends = sends  # the tensors: kept alive for as long as the plan
         self._recvs = recvs
-        self._layouts = (_layouts(_tensors_of(sends)), _layouts(_tensors_of(recvs))) if run_native else None
-        self._steps = steps
-        self._executor = executor
-        self._engine = engine
-        self.plan_id = plan_id
-        self.native = run_native
+        self._runner = runner  # None: the ops are submitted again on every run
+        self._layouts = (_layouts(_tensors_of(sends)), _layouts(_tensors_of(recvs))) if runner is not None else None
+        self.plan_id = runner.plan_id if runner is not None else 0
+        self.native = runner is not None
         self.landed_version: Optional[int] = None
         self._last_version: Optional[int] = None
         self._runs = 0
@@ -146,7 +167,20 @@ class PersistentPlan:
     @property
     def bytes_per_run(self) -> int:
         """Bytes this rank writes into its destinations per run."""
-        return int(self._steps.bytes) if self._steps is not None else 0
+        return int(self._runner.bytes) if self._runner is not None else 0
+
+    @property
+    def hosts(self) -> Optional[List[List[int]]]:
+        """The ranks of each host the plan spans (found by probing shared memory), on the
+        backends that plan across hosts (``torch``, ``mpi``); None elsewhere."""
+        return getattr(self._runner, "hosts", None)
+
+    @property
+    def routes(self) -> List[Tuple[int, Tuple[int, ...], int]]:
+        """The plan's streams between hosts, the same list on every rank: (sender,
+        receivers, bytes per run). Several receivers form a chain: the sender sends to the
+        first, each receiver forwards to the next (replicas of the same source bytes)."""
+        return list(getattr(self._runner, "routes", []))
 
     @property
     def runs(self) -> int:
@@ -175,18 +209,16 @@ class PersistentPlan:
             raise TypeError(f"version: expected an int in [0, 2**64), got {version!r}")
         self._last_version = version
         try:
-            if not self.native:
+            if self._runner is None:
                 self._resubmit(timeout)
-            elif self._executor is None:
-                self._steps.copy_local(self._engine)
             else:
                 if timeout is SERVICE_TIMEOUT:
                     timeout = getattr(self.service, "timeout", None)
-                self._executor.execute_steps(self._steps, self.plan_id, version, self._runs, timeout)
+                self._runner.run(version, self._runs, timeout)
         except BaseException as error:
             self.broken = f"{type(error).__name__}: {error}"
             protocol = getattr(self.service, "_protocol", None)
-            if protocol is not None and self._executor is not None:
+            if protocol is not None and self._runner is not None:
                 protocol.mark_broken(error)  # peers may still wait in the service's barriers
             raise PersistentPlanError(f"PersistentPlan: version {version} did not land on every rank ({error}); the "
                                       f"last version that landed is {self.landed_version}", self.landed_version,
@@ -218,7 +250,9 @@ class PersistentPlan:
     def close(self) -> None:
         """Drops the copy lists and the tensors (the service stays open)."""
         self._closed = True
-        self._steps = None
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
         self._sends = []
         self._recvs = []
 
@@ -252,20 +286,18 @@ def build_persistent_plan(service: Any, sends: Iterable[Any], recvs: Iterable[An
     recv_ids, recv_tensors, recv_peers = _ops(recvs, "src_rank", "recvs")
     send_list = list(zip(send_ids, send_tensors, send_peers))
     recv_list = list(zip(recv_ids, recv_tensors, recv_peers))
-    builder: Optional[Callable[..., Tuple[Any, ...]]] = getattr(service, "_build_persistent", None)
+    builder: Optional[Callable[..., Any]] = getattr(service, "_build_persistent_runner", None)
     if isinstance(service, LocalCopyService):
-        steps, plan_id, executor, engine = _build_local(service, send_ids, send_tensors, send_peers, recv_ids,
-                                                        recv_tensors, recv_peers)
+        runner = _build_local(service, send_ids, send_tensors, send_peers, recv_ids, recv_tensors, recv_peers)
     elif builder is not None:
-        steps, plan_id, executor, engine = builder(send_ids, send_tensors, send_peers, recv_ids, recv_tensors,
-                                                   recv_peers, timeout)
+        runner = builder(send_ids, send_tensors, send_peers, recv_ids, recv_tensors, recv_peers, timeout)
     else:
-        return PersistentPlan(service, send_list, recv_list, None, 0, False)
-    return PersistentPlan(service, send_list, recv_list, steps, plan_id, True, executor, engine)
+        runner = None
+    return PersistentPlan(service, send_list, recv_list, runner)
 
 
 def _build_local(service: Any, send_ids: List[Optional[int]], send_tensors: List[Any], send_peers: List[int],
-                 recv_ids: List[Optional[int]], recv_tensors: List[Any], recv_peers: List[int]) -> Tuple[Any, ...]:
+                 recv_ids: List[Optional[int]], recv_tensors: List[Any], recv_peers: List[int]) -> StepsRunner:
     from tensorxfer.resharding._copy_engine import resharding_copy_engine
     from tensorxfer.resharding.copy_services._pattern import OpPattern
 
@@ -280,7 +312,7 @@ def _build_local(service: Any, send_ids: List[Optional[int]], send_tensors: List
     check_pair_sizes(service.backend_name, service.rank, pattern, send_meta, send_dims, recv_meta, recv_dims)
     pairs = np.stack(pattern.pairs, axis=1).astype(np.uint64) if pattern.pairs[0].size else np.zeros((0, 2), np.uint64)
     steps = _core.build_local_steps(send_meta, send_dims, recv_meta, recv_dims, pairs, None)
-    return steps, plan_digest([bytes(16)], 0), None, resharding_copy_engine()
+    return StepsRunner(steps, plan_digest([bytes(16)], 0), None, resharding_copy_engine())
 
 
 def view_nbytes(meta: np.ndarray, dims: np.ndarray) -> np.ndarray:

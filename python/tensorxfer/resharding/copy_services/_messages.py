@@ -25,6 +25,7 @@ from tensorxfer.resharding._copy_engine import resharding_copy_engine
 from tensorxfer.resharding.copy_services import _tensors, planning
 from tensorxfer.resharding.copy_services.planning import coalescing
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
+from tensorxfer.resharding.copy_services._network_plan import DEFAULT_BUCKET_NBYTES
 from tensorxfer.resharding.copy_services._run_protocol import RunProtocol
 from tensorxfer.resharding.copy_services.base import check_timeout
 from tensorxfer._arguments import check_int
@@ -59,22 +60,25 @@ class MessageExecutor:
 
     ``max_window_tasks`` / ``max_window_bytes`` bound a window; tasks under
     ``coalesce_bytes`` are packed per peer and window into one message.
+    ``bucket_nbytes`` is the message size of persistent plans between hosts
+    (_network_plan), held here so that every rank is checked to pass the same.
     """
 
     def __init__(self, backend_name: str, rank: int, transport: MessageTransport, *,
                  max_window_tasks: int = 65536, max_window_bytes: int = 256 << 20,
-                 coalesce_bytes: int = 128 << 10) -> None:
+                 coalesce_bytes: int = 128 << 10, bucket_nbytes: int = DEFAULT_BUCKET_NBYTES) -> None:
         self.backend_name = backend_name
         self.rank = rank
         self.transport = transport
         self.max_window_tasks = check_int(max_window_tasks, "max_window_tasks", minimum=1)
         self.max_window_bytes = check_int(max_window_bytes, "max_window_bytes", minimum=1)
         self.coalesce_bytes = check_int(coalesce_bytes, "coalesce_bytes", minimum=1)
+        self.bucket_nbytes = check_int(bucket_nbytes, "bucket_nbytes", minimum=1)
 
     def plan_options(self) -> Dict[str, Optional[int]]:
         """The options that shape the plan: every rank must pass the same values."""
         return {"max_window_tasks": self.max_window_tasks, "max_window_bytes": self.max_window_bytes,
-                "coalesce_bytes": self.coalesce_bytes}
+                "coalesce_bytes": self.coalesce_bytes, "bucket_nbytes": self.bucket_nbytes}
 
     def gather(self, data: bytes, fixed: bool, deadline: Optional[float], timeout: Optional[float]) -> List[bytes]:
         """The run protocol's all-gather, on the transport's non-blocking steps."""

@@ -37,6 +37,9 @@ from tensorxfer.resharding.copy_services.base import TaskMismatchError, check_ti
 UNSET: Any = object()  # run()'s timeout argument when not given
 # Which collective step a metadata all-gather belongs to (with the run index, its identity).
 _STEP_CONSTRUCTION, _STEP_AGREEMENT, _STEP_TABLES, _STEP_STATUS, _STEP_DIRECT_ADDRESSES = 1, 2, 3, 4, 5
+# The steps of a plan across hosts (_hosts_plan): whether every rank's tensors allow a native plan, the
+# host probe's two exchanges, the host groups' names.
+STEP_NATIVE_PLAN, STEP_HOST_PROBE, STEP_HOST_SEEN, STEP_HOST_NAMES = 6, 7, 8, 9
 
 
 class Mover(Protocol):
@@ -162,7 +165,8 @@ class RunProtocol:
             mover.execute(plan, send_tensors, send_spans, recv_tensors, recv_spans, deadline, timeout)
 
     def _prepare(self, sends: Columns, recvs: Columns, build_plan: Callable[..., Any], deadline: Optional[float],
-                 timeout: Optional[float], cached: bool) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
+                 timeout: Optional[float], cached: bool, send_flags: Optional[Callable[..., Any]] = None
+                 ) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
         """Steps (1)-(3) of a run: the agreement and this rank's plan (``build_plan(tables,
         digests)``; the cached one when ``cached`` and every digest is unchanged), with the
         pattern and the tensors' spans."""
@@ -177,8 +181,9 @@ class RunProtocol:
             # A pattern whose same-rank ops do not pair up is not kept (its error is raised anew).
             self._pattern = pattern if pattern.match_error is None else None
             local_error = pattern.local_error(send_spans.nbytes, recv_spans.nbytes)
+            flags = send_flags if send_flags is not None else mover.send_flags
             send_table, recv_table, digest = pattern.tables(send_spans.nbytes, recv_spans.nbytes,
-                                                            mover.send_flags(send_spans, pattern.sends.remote))
+                                                            flags(send_spans, pattern.sends.remote))
         except Exception as error:  # a tensor this rank cannot describe: agreed like a mismatch
             local_error = error
         digests = self._agree(digest, local_error, deadline, timeout)
@@ -200,13 +205,15 @@ class RunProtocol:
         return pattern, plan, send_spans, recv_spans
 
     def prepare(self, sends: Columns, recvs: Columns, build_plan: Callable[..., Any],
-                timeout: Optional[float] = UNSET) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
+                timeout: Optional[float] = UNSET, send_flags: Optional[Callable[..., Any]] = None
+                ) -> Tuple[OpPattern, Any, _tensors.Spans, _tensors.Spans]:
         """The agreement and a new plan of ``sends`` / ``recvs`` (``build_plan(tables,
         digests)``), without moving anything (collective; a persistent plan's build).
+        ``send_flags(spans, rows)``: the FLAGS of the remote sends (default: the mover's).
         Raises as run() does, and breaks the service as run() does."""
         deadline, timeout = self._begin(self.backend_name, "plan", timeout)
         with self._breaks_unless_agreed():
-            return self._prepare(sends, recvs, build_plan, deadline, timeout, cached=False)
+            return self._prepare(sends, recvs, build_plan, deadline, timeout, cached=False, send_flags=send_flags)
 
     def mark_broken(self, error: BaseException) -> None:
         """After a failure the ranks did not agree on: this service cannot run again."""

@@ -13,8 +13,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tensorxfer.resharding.copy_services._hosts_plan import HostsPlanner
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import Posting, message_run, poll_until_done
+from tensorxfer.resharding.copy_services._messages import MessageExecutor, Posting, message_run, poll_until_done
+from tensorxfer.resharding.copy_services._network_engines import MpiEngine
 from tensorxfer.resharding.copy_services._queue import SubmitQueue
 from tensorxfer.resharding.copy_services._service import QueuedCopyService
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
@@ -57,14 +59,25 @@ class MpiCopyService(QueuedCopyService):
         self._transport = _MpiTransport(MPI, comm, self.rank, self.world_size)
         queue = SubmitQueue(self.backend_name, self.world_size)
         self._protocol = message_run(self.backend_name, self.rank, self.world_size, self._transport, timeout, options)
+        self._messages: MessageExecutor = self._protocol.mover  # type: ignore[assignment]
         self.timeout = self._protocol.timeout
+        self._planner = HostsPlanner(self, self._protocol, lambda plan_index: MpiEngine(MPI, comm),
+                                     self._messages.bucket_nbytes)
         self._compose(queue, self._protocol)
 
     def close(self) -> None:
-        """Free the private communicator; later calls raise tensorxfer.ClosedError."""
+        """Free the private communicators and the persistent plans' shared memory; later calls
+        raise tensorxfer.ClosedError."""
         if not self._closed:
+            self._planner.close()
             self._transport.free(unless_broken=self._protocol.broken is not None)
         super().close()
+
+    def _build_persistent_runner(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
+                                 recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
+                                 timeout: Any) -> Any:
+        """A persistent plan's runner (collective): shared memory inside each host, MPI between hosts."""
+        return self._planner.build(send_ids, send_tensors, send_peers, recv_ids, recv_tensors, recv_peers, timeout)
 
 
 class _MpiTransport:

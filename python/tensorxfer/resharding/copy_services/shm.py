@@ -165,6 +165,16 @@ class ShmCopyService(QueuedCopyService):
 
     # ---- persistent plans (tensorxfer.resharding.persistent_plan) --------------------------
 
+    def _build_persistent_runner(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
+                                 recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
+                                 timeout: Any) -> Any:
+        """A persistent plan's runner of these ops (collective): see _build_persistent."""
+        from tensorxfer.resharding.persistent_plan import StepsRunner
+
+        steps, plan_id, executor, engine = self._build_persistent(send_ids, send_tensors, send_peers, recv_ids,
+                                                                  recv_tensors, recv_peers, timeout)
+        return StepsRunner(steps, plan_id, executor, engine)
+
     def _build_persistent(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
                           recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
                           timeout: Any) -> Tuple[Any, int, Any, Any]:

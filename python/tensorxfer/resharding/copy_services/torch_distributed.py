@@ -19,8 +19,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorxfer.errors import PeerLostError
+from tensorxfer.resharding.copy_services._hosts_plan import HostsPlanner
 from tensorxfer.resharding.copy_services._liveness import PeerWatch
-from tensorxfer.resharding.copy_services._messages import Posting, message_run
+from tensorxfer.resharding.copy_services._network_engines import TorchEngine
+from tensorxfer.resharding.copy_services._messages import MessageExecutor, Posting, message_run
 from tensorxfer.resharding.copy_services._queue import SubmitQueue
 from tensorxfer.resharding.copy_services._service import QueuedCopyService
 from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
@@ -58,8 +60,23 @@ class TorchDistributedCopyService(QueuedCopyService):
         transport = _TorchTransport(group, process_group, self.rank, self.world_size)
         queue = SubmitQueue(self.backend_name, self.world_size, host_only=False)
         self._protocol = message_run(self.backend_name, self.rank, self.world_size, transport, timeout, options)
+        self._messages: MessageExecutor = self._protocol.mover  # type: ignore[assignment]
         self.timeout = self._protocol.timeout
+        self._planner = HostsPlanner(self, self._protocol, lambda plan_index: TorchEngine(process_group, plan_index),
+                                     self._messages.bucket_nbytes)
         self._compose(queue, self._protocol)
+
+    def close(self) -> None:
+        """Releases the persistent plans' shared memory and threads; later calls raise tensorxfer.ClosedError."""
+        if not self._closed and "_planner" in self.__dict__:
+            self._planner.close()
+        super().close()
+
+    def _build_persistent_runner(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
+                                 recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
+                                 timeout: Any) -> Any:
+        """A persistent plan's runner (collective): shared memory inside each host, gloo between hosts."""
+        return self._planner.build(send_ids, send_tensors, send_peers, recv_ids, recv_tensors, recv_peers, timeout)
 
 
 class _TorchTransport:
