@@ -155,6 +155,9 @@ class NetworkRun:
             else:
                 polled = {key: (job, None) for key, job in jobs.items()}
             self._until_landed(verdict, events, polled, status_sends, version, deadline, timeout)
+            # A peer's watch job ends just after its END arrived: wait for it to finish
+            # here, so that no job of this run is still returning when the caller goes on.
+            self._jobs.join(JOIN_SECONDS)
         except BaseException as error:
             cause = verdict.root_cause(verdict.as_error(error), events)
             self._fail(cause, verdict, polled, status_sends, version)
@@ -478,11 +481,13 @@ def _end_before_exit() -> None:
     """At exit, before the interpreter shuts down: lets the jobs of failed runs that will
     soon reach their deadline end first. A daemon thread that returns from a native wait
     while the interpreter shuts down aborts the process (pybind11 cannot unwind it); one
-    whose deadline is far is still blocked when the process ends, and so never returns."""
+    whose deadline is far is still blocked when the process ends, and so never returns.
+    Then ends and joins every idle thread, so that none returns during the shutdown."""
     for threads in list(_live_threads):
         left = threads.latest_deadline() - time.monotonic()
         if threads.running() and left < EXIT_GRACE_SECONDS:
             threads.join(max(left, 0.0) + 0.5)
+        threads.close()
 
 
 atexit.register(_end_before_exit)
@@ -532,19 +537,30 @@ class _Threads:
             if item is None:
                 return
             key, body, deadline, events = item
+            outcome: Tuple[str, Any] = ("done", None)
             try:
                 body(deadline)
             except BaseException as error:  # noqa: BLE001 - the run's thread raises it
-                events.put((key, "failed", error))
-            else:
-                events.put((key, "done", None))
-            finally:
-                with self._idle:
-                    self._busy -= 1
-                    self._deadlines.pop(key, None)
-                    self._idle.notify_all()
+                outcome = ("failed", error)
+            # The job's requests die here, before the job counts as finished: a gloo Work
+            # freed by a daemon thread after the interpreter began to shut down aborts the
+            # process (its destructor releases the GIL, and the thread cannot take it back).
+            item = body = None  # type: ignore[assignment]
+            events.put((key, *outcome))
+            with self._idle:
+                self._busy -= 1
+                self._deadlines.pop(key, None)
+                self._idle.notify_all()
 
-    def close(self) -> None:
-        for _ in self._threads:
+    def close(self, timeout: float = JOIN_SECONDS) -> None:
+        """Ends the threads: those idle return at once and are joined (so that none is still
+        returning while the interpreter shuts down); one blocked in a failed run's native
+        wait is left to its deadline."""
+        threads, self._threads = self._threads, []
+        for _ in threads:
             self._work.put(None)
-        self._threads = []
+        if self.running():
+            return
+        until = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(until - time.monotonic(), 0.0))
