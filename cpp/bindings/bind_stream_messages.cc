@@ -121,14 +121,15 @@ void bind_stream_messages(py::module_& module) {
                              })
       .def(
           "copy",
-          [](const PyStreamMessages& self, std::size_t k, copy::CopyEngine& engine) {
+          [](const PyStreamMessages& self, std::size_t k, copy::CopyEngine* engine) {
             const auto& message = self.at(k);
             py::gil_scoped_release release;
-            copy::copy_spans(message.copies, &engine, self.stores);
+            copy::copy_spans(message.copies, engine, self.stores);
           },
-          py::arg("k"), py::arg("engine"),
+          py::arg("k"), py::arg("engine").none(true),
           "Packs message k into its staging buffer (a send side) or unpacks it from there (a receive side); "
-          "nothing for a direct message. GIL released.");
+          "nothing for a direct message. On `engine`'s threads and the caller, or the caller alone (None). "
+          "GIL released.");
 
   py::class_<PyStreamViews>(module, "StreamViews", "Every view's pieces of one side of a plan (native).")
       .def(py::init<const U64Array&, const I64Array&, const std::string&>(), py::arg("meta"), py::arg("dims"),

@@ -599,7 +599,7 @@ class StreamMessages:
     """
     def copy(self, k: typing.SupportsInt | typing.SupportsIndex, engine: CopyEngine) -> None:
         """
-        Packs message k into its staging buffer (a send side) or unpacks it from there (a receive side); nothing for a direct message. GIL released.
+        Packs message k into its staging buffer (a send side) or unpacks it from there (a receive side); nothing for a direct message. On `engine`'s threads and the caller, or the caller alone (None). GIL released.
         """
     @property
     def count(self) -> int:
