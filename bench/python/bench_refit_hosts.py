@@ -12,7 +12,11 @@ case is set beside its floors, measured in the same run:
 * ``per-op loop``: what a user writes: ``batch_isend_irecv`` of every tensor
   (``.contiguous()`` staging), then the copies into strided destinations;
 * ``megatron + gloo``: Megatron's ``execute_reshard_plan`` over its own GlooCopyService
-  (built without its ``torch.cuda.Stream()``, which a CPU-only machine cannot make).
+  (built without its ``torch.cuda.Stream()``, which a CPU-only machine cannot make);
+* ``floor: engine + the plan's copies``: the engine floor with, while its messages are on
+  the wire, every copy the plan makes (gloo sends contiguous buffers only, so a plan packs
+  strided or scattered sources and unpacks into such destinations): where the two cores,
+  not the link, bind (no rate limit), the least a plan over gloo can take.
 
 Cases (``--cases``, default all):
 
@@ -94,8 +98,10 @@ def timed_blocks(variants: Dict[str, Callable[[], None]], blocks: int, calls: in
     return samples
 
 
-def engine_floor(dist: Any, pairs: Sequence[Tuple[int, int, int]]) -> Callable[[], None]:
-    """One gloo message per (src, dst, nbytes), every pair at once."""
+def engine_floor(dist: Any, pairs: Sequence[Tuple[int, int, int]],
+                 meanwhile: Optional[Callable[[], None]] = None) -> Callable[[], None]:
+    """One gloo message per (src, dst, nbytes), every pair at once; ``meanwhile`` runs while
+    the messages are on the wire."""
     import torch
 
     rank = dist.get_rank()
@@ -105,9 +111,33 @@ def engine_floor(dist: Any, pairs: Sequence[Tuple[int, int, int]]) -> Callable[[
     def step() -> None:
         ops = [dist.P2POp(dist.irecv, tensor, src) for tensor, src in recvs]
         ops += [dist.P2POp(dist.isend, tensor, dst) for tensor, dst in sends]
-        for work in dist.batch_isend_irecv(ops) if ops else []:
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if meanwhile is not None:
+            meanwhile()
+        for work in works:
             work.wait()
     return step
+
+
+def plan_copies(plan: Any) -> Callable[[], None]:
+    """Every copy this rank's part of ``plan`` makes in a run (packs, unpacks, and the
+    same-rank pairs of a host of one rank), with no transfer: what the plan adds to the
+    engine's work, because gloo sends and receives contiguous buffers only."""
+    runner = plan._runner
+    network = runner._network
+    local = runner._local if runner.layout.shm is None else None
+
+    def step() -> None:
+        if network is not None:
+            for part in network.parts:
+                for k in range(len(part.buffers)):
+                    part.messages.copy(k, network.copy_engine)
+        if local is not None:
+            local(0, 0, None)
+    return step
+
+
+ENGINE_WITH_COPIES = "floor: engine + the plan's copies"
 
 
 def per_op_loop(dist: Any, sends: List[Tuple[Any, int]], recvs: List[Tuple[Any, int]]) -> Callable[[], None]:
@@ -157,7 +187,9 @@ def small_case(args: argparse.Namespace, dist: Any, rank: int, world: int) -> Di
         plan = build_persistent_plan(copies, [(rank * count + i, s, peer) for i, s in enumerate(sources)],
                                      [(peer * count + i, t, peer) for i, t in enumerate(targets)])
         nbytes = count * elements * 2
-        variants = {"plan": plan.run, "engine floor": engine_floor(dist, [(0, 1, nbytes), (1, 0, nbytes)])}
+        pairs = [(0, 1, nbytes), (1, 0, nbytes)]
+        variants = {"plan": plan.run, "engine floor": engine_floor(dist, pairs),
+                    ENGINE_WITH_COPIES: engine_floor(dist, pairs, plan_copies(plan))}
         if args.loops:
             variants["per-op loop"] = per_op_loop(dist, [(s, peer) for s in sources], [(t, peer) for t in targets])
         samples = timed_blocks(variants, args.blocks, args.calls, dist)
@@ -188,7 +220,9 @@ def weights_case(args: argparse.Namespace, dist: Any, rank: int, world: int) -> 
     with service(bucket_nbytes=args.bucket) as copies:
         plan = build_persistent_plan(copies, sends, recvs)
         nbytes = count * half_r * half_c * 2
-        variants = {"plan": plan.run, "engine floor": engine_floor(dist, [(0, 1, nbytes), (1, 0, nbytes)])}
+        pairs = [(0, 1, nbytes), (1, 0, nbytes)]
+        variants = {"plan": plan.run, "engine floor": engine_floor(dist, pairs),
+                    ENGINE_WITH_COPIES: engine_floor(dist, pairs, plan_copies(plan))}
         if args.loops:
             local = [(sources[w][:, rank * half_c:(rank + 1) * half_c], targets[w][rank * half_r:(rank + 1) * half_r])
                      for w in range(count)]
@@ -281,7 +315,9 @@ def megatron_case(args: argparse.Namespace, dist: Any, rank: int, world: int) ->
         dist.all_reduce(received, op=dist.ReduceOp.MAX)
         nbytes = int(received.item())
         half = nbytes // 2
-        variants = {"plan": plan.run, "engine floor": engine_floor(dist, [(0, 2, half), (1, 2, nbytes - half)])}
+        pairs = [(0, 2, half), (1, 2, nbytes - half)]
+        variants = {"plan": plan.run, "engine floor": engine_floor(dist, pairs),
+                    ENGINE_WITH_COPIES: engine_floor(dist, pairs, plan_copies(plan))}
         if args.loops:
             gloo = megatron_gloo_service()
             variants["megatron + gloo"] = lambda: execute_reshard_plan(reshard_plan, src, dst, gloo)
@@ -454,6 +490,10 @@ def run_case(case: str, args: argparse.Namespace, run: int) -> List[Tuple[str, f
                 rows.append((f"{case}: NIC floor / plan", times["NIC floor"] / times["plan"], 0.9))
             else:
                 rows.append((f"{case}: engine floor / plan", times["engine floor"] / times["plan"], 0.9))
+                rows.append((f"{case} (no limit): cap, engine floor / (engine + the plan's copies)",
+                             times["engine floor"] / times[ENGINE_WITH_COPIES], 0.0))
+                rows.append((f"{case} (no limit): (engine + the plan's copies) / plan",
+                             times[ENGINE_WITH_COPIES] / times["plan"], 0.0))
             if "per-op loop" in times:
                 goal = 20.0 if case == "small" else 0.0
                 rows.append((f"{case} ({'limited' if rate else 'no limit'}): per-op loop / plan",
@@ -479,6 +519,10 @@ def run_case(case: str, args: argparse.Namespace, run: int) -> List[Tuple[str, f
                 rows.append(("megatron (no limit): megatron + gloo / plan", times["megatron + gloo"] / times["plan"],
                              3.0))
                 rows.append(("megatron (no limit): engine floor / plan", times["engine floor"] / times["plan"], 0.8))
+                rows.append(("megatron (no limit): cap, megatron + gloo / engine floor",
+                             times["megatron + gloo"] / times["engine floor"], 0.0))
+                rows.append(("megatron (no limit): cap, engine floor / (engine + the plan's copies)",
+                             times["engine floor"] / times[ENGINE_WITH_COPIES], 0.0))
     elif case == "replicas":
         per_count = {}
         for replicas in (1, 2, 4):
@@ -511,13 +555,15 @@ def run_case(case: str, args: argparse.Namespace, run: int) -> List[Tuple[str, f
 
 
 def main() -> None:
+    from tensorxfer.resharding.copy_services._network_plan import DEFAULT_BUCKET_NBYTES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--runs", type=int, default=3, help="repeat every case this many times (spread)")
     parser.add_argument("--rate", default="2gbit", help="the NICs' rate (tc tbf syntax)")
     parser.add_argument("--blocks", type=int, default=5, help="timed blocks per variant (interleaved)")
     parser.add_argument("--calls", type=int, default=3, help="back-to-back calls per block")
-    parser.add_argument("--bucket", type=int, default=4 << 20, help="the plans' bucket_nbytes")
+    parser.add_argument("--bucket", type=int, default=DEFAULT_BUCKET_NBYTES, help="the plans' bucket_nbytes")
     parser.add_argument("--small-count", type=int, default=10_000)
     parser.add_argument("--weights", type=int, default=32)
     parser.add_argument("--layers", type=int, default=6)
