@@ -88,6 +88,8 @@ def setup(app: Any) -> Dict[str, Any]:
                               "(scripts/gen_stubs.sh)")
         if what == "property":
             return None  # a property shows its type, not a call
+        if what in ("class", "exception"):
+            found = [(arguments, None) for arguments, _ in found]  # a class shows no "-> None"
         if len(found) == 1:
             return found[0]
         return "\n".join(arguments + (f" -> {returns}" if returns else "") for arguments, returns in found), None
