@@ -119,10 +119,15 @@ def example_params() -> list:
     params = []
     for example in all_examples():
         marks = []
-        if example.launcher is not None or "multiprocessing" in example.code:
+        multiprocess = example.launcher is not None or "multiprocessing" in example.code
+        if multiprocess:
             marks.append(pytest.mark.multiprocess)
         if example.needs_gpu:
             marks.append(pytest.mark.cuda)
+            if multiprocess:
+                # scripts/gpu_check.sh runs the cuda-marked tests in the default (fast) tier;
+                # without a GPU the example is skipped at once, so the fast tier pays nothing.
+                marks.append(pytest.mark.fast)
         params.append(pytest.param(example, id=example.test_id, marks=marks))
     return params
 
