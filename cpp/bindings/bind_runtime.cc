@@ -187,7 +187,7 @@ void bind_runtime(py::module_& module) {
       .def_property_readonly("completed_sequence", &PyHostStream::completed_sequence,
                              "Every task numbered up to this has finished.")
       .def_property_readonly("enqueued_sequence", &PyHostStream::enqueued_sequence,
-                             "Number of the latest enqueued task (0: none).")
+                             "Number of the latest enqueued task, or 0 if none was.")
       .def_property_readonly("_pending_owners", &PyHostStream::pending_owners,
                              "Tensors held for copies not yet seen finished (for tests).")
       .def("__enter__", [](py::object self) { return self; })

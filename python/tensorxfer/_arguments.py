@@ -3,7 +3,7 @@
 Every integer argument is read with :func:`check_int` (or a helper built on it): a value
 that is not an integer -- a bool, a float, a string, None where None is not allowed --
 raises ``TypeError``; an integer out of range raises ``ValueError``. Both name the
-argument, what was expected and what was got, as the README's "Errors" section promises.
+argument, what was expected and what was got, as the error model promises (docs/concepts.md).
 numpy integers and anything with ``__index__`` count as integers. Timeouts have their own
 parser, :func:`tensorxfer.errors.check_timeout`.
 """

@@ -174,7 +174,7 @@ class HostStream:
     @property
     def enqueued_sequence(self) -> int:
         """
-        Number of the latest enqueued task (0: none).
+        Number of the latest enqueued task, or 0 if none was.
         """
 class CopyEngine:
     """

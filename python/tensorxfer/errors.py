@@ -39,8 +39,11 @@ class TensorxferError(RuntimeError):
 
 
 class PeerLostError(TensorxferError):
-    """A process on the other side of a shared structure (a ring's producer or
-    consumer, a group's rank) has exited, so the wait on it can never finish."""
+    """A peer process has exited, so a wait on it can never finish.
+
+    The peer is the process on the other side of a shared structure: a ring's
+    producer or consumer, a group's rank. The message names it.
+    """
 
 
 #: The name this error had first; kept so existing ``except PeerLost`` clauses work.
@@ -56,16 +59,34 @@ class UnsupportedError(TensorxferError):
 
 
 class ClosedError(TensorxferError, ValueError):
-    """An object was used after its ``close()``: the one error for "used after close"
-    in every class (``"<kind> is closed"``).  It is a ``ValueError`` (as for a closed
-    Python file) and a ``RuntimeError`` (through :class:`TensorxferError`), so handlers
-    written for either keep working."""
+    """An object was used after its ``close()``.
+
+    The one error for "used after close" in every class, with the message
+    ``"<kind> is closed"``. It is a ``ValueError`` (as for a closed Python file) and a
+    ``RuntimeError`` (through :class:`TensorxferError`), so handlers written for either
+    keep working.
+    """
 
 
 def check_timeout(timeout: Any, operation: str) -> Optional[float]:
-    """A wait's ``timeout`` by the rules above: ``None`` (no deadline) or seconds
-    ``>= 0`` as a float; ``ValueError`` / ``TypeError`` naming ``operation``
-    otherwise."""
+    """Reads a wait's ``timeout`` by the package's rules (the module docstring).
+
+    Args:
+        timeout: seconds (an int or a float, ``>= 0``; ``0`` checks once) or ``None``
+            (no deadline).
+        operation: the waiting call's name, for the error messages.
+
+    Returns:
+        ``None``, or the seconds as a float.
+
+    Raises:
+        ValueError: ``timeout`` is negative or NaN.
+        TypeError: ``timeout`` is a bool or not a number.
+
+    Example:
+        >>> check_timeout(2, "my wait")
+        2.0
+    """
     from tensorxfer import _core  # not at import: the native module imports this one to raise its errors
 
     result = _core.check_timeout(timeout, operation)

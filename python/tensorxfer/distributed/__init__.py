@@ -11,7 +11,7 @@ once ``import torch``, which imports ``torch.distributed``, has finished). So a 
 
 :func:`register` does the same explicitly; :func:`is_registered` says whether
 it happened. The process group itself lives in
-:mod:`tensorxfer.distributed.process_group` (imports torch).
+``tensorxfer.distributed.process_group`` (imports torch).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from tensorxfer._after_import import call_after_import, call_warning_on_failure
 
+#: The backend's name for ``torch.distributed.init_process_group`` (``"cpu:tensorxfer,cuda:nccl"`` too).
 BACKEND_NAME = "tensorxfer"
 _TRIGGER_MODULE = "torch"
 _lock = threading.Lock()

@@ -5,7 +5,7 @@
   waits, timeouts and dead-peer detection.
 * :class:`SharedArray` / :class:`SharedArrayHandle` -- a numpy array in shared memory.
 * :class:`PackLayout` / :func:`pack_rows` -- gather indexed rows into a packed slot.
-* ``tensorxfer.ipc.remote`` -- :class:`RemoteSlotRing` / :class:`RemoteProducers`: producers of a
+* ``tensorxfer.ipc.remote`` -- :class:`~tensorxfer.ipc.remote.RemoteSlotRing` / :class:`~tensorxfer.ipc.remote.RemoteProducers`: producers of a
   learner's ring on other hosts, over torch.distributed point-to-point (needs torch).
 * ``tensorxfer.ipc.replay_pipelines.transfer`` -- host-to-device replay transfer backends.
 """

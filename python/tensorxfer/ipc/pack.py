@@ -5,7 +5,7 @@ and places them one after the other, every field starting on a 64-byte
 boundary. ``pack_rows`` gathers the rows chosen by an index vector from each
 field's source (e.g. a replay store in shared memory) into a packed buffer
 with the native copy engine's threads, the GIL released. ``layout.unpack``
-returns zero-copy views of the packed fields.
+returns zero-copy views of the packed fields::
 
     layout = PackLayout({"obs": ("float32", (64,)), "action": ("float32", (8,)),
                          "reward": ("float32", ())}, rows=256)
@@ -66,12 +66,23 @@ def _row_shape(shape: Any, field: str) -> Tuple[int, ...]:
 class PackLayout:
     """Where each named field's rows go in a packed buffer.
 
-    ``fields`` maps a name to ``(dtype, row_shape)``: dtype as a name
-    (``"float32"``), numpy dtype or torch dtype; row_shape a tuple (``()`` for
-    one scalar per row). Fields are laid out in mapping order, each at a
-    64-byte aligned offset; ``rows`` is the batch size. Raises ``ValueError``
-    (no fields, negative rows or extents) or ``TypeError`` (unknown dtype).
-    Picklable, so collector processes can receive it.
+    Fields are laid out in mapping order, each at a 64-byte aligned offset. A layout is
+    picklable, so collector processes can receive it.
+
+    Args:
+        fields: maps a name to ``(dtype, row_shape)``: the dtype as a name
+            (``"float32"``), numpy dtype or torch dtype; the row shape a tuple (``()`` for
+            one scalar per row).
+        rows: the batch size.
+
+    Raises:
+        ValueError: no fields, negative rows or extents.
+        TypeError: an unknown dtype.
+
+    Example:
+        >>> layout = PackLayout({"obs": ("float32", (4,)), "reward": ("float32", ())}, rows=8)
+        >>> layout.offsets["reward"], layout.nbytes
+        (128, 192)
     """
 
     def __init__(self, fields: Mapping[str, Tuple[Any, Any]], rows: int) -> None:
@@ -254,18 +265,23 @@ def pack_rows(
 ) -> None:
     """Gathers ``sources[f][indices]`` for every field ``f`` of ``layout`` into ``dst``.
 
-    ``dst``: a contiguous, writable host buffer (numpy array, torch tensor,
-    any dtype: it is used as bytes) of at least ``layout.nbytes`` bytes.
-    ``sources``: exactly one entry per field, each a contiguous host tensor of
-    shape ``(N, *row_shape)`` and the field's dtype. ``indices``: ``layout.rows``
-    integers (int32/int64 used as is; any container numpy accepts), each in
-    ``[0, N)`` for every source; all are checked before anything is written.
-    ``engine``: the ``CopyEngine`` whose threads do the work with the caller
-    (GIL released); None uses :func:`default_copy_engine`.
+    Every index is checked before anything is written.
 
-    Raises ``ValueError`` (missing/extra fields, shapes, sizes, out-of-range
-    indices, non-contiguous or non-host inputs) and ``TypeError`` (dtypes),
-    with the field named.
+    Args:
+        dst: a contiguous, writable host buffer (numpy array, torch tensor, any dtype:
+            it is used as bytes) of at least ``layout.nbytes`` bytes.
+        layout: where each field's rows go in ``dst``.
+        sources: exactly one entry per field, each a contiguous host tensor of shape
+            ``(N, *row_shape)`` and the field's dtype.
+        indices: ``layout.rows`` integers (int32/int64 used as is; any container numpy
+            accepts), each in ``[0, N)`` for every source.
+        engine: the ``CopyEngine`` whose threads do the work with the caller (GIL
+            released); None uses :func:`~tensorxfer.ipc.pack.default_copy_engine`.
+
+    Raises:
+        ValueError: missing or extra fields, shapes, sizes, out-of-range indices,
+            non-contiguous or non-host inputs (the field named).
+        TypeError: a dtype that does not match its field (the field named).
     """
     if not isinstance(layout, PackLayout):
         raise TypeError(f"layout: expected a tensorxfer.ipc.PackLayout, got {type(layout).__name__}")

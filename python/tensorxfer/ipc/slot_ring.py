@@ -143,15 +143,31 @@ class SlotRing(SharedResource):
         spin_us: Optional[float] = None,
         max_producers: int = 64,
     ) -> "SlotRing":
-        """Create a ring in a new shared-memory segment; this process is its consumer.
+        """Creates a ring in a new shared-memory segment; this process is its consumer.
 
-        ``depth``: number of slots, 1..1024.  ``slot_nbytes``: bytes per slot
-        (each slot starts on a 4096-byte boundary).  ``spin_us``: how waits
-        spend their time (see the module docstring): ``None`` is the standard
-        policy, ``0`` never spins, ``x > 0`` spins
-        ``x`` microseconds before sleeping.  ``max_producers``: how many
-        producers may be attached at once (1..255); entries of producers that
-        closed or died are reused.
+        Args:
+            depth: the number of slots, 1..1024.
+            slot_nbytes: bytes per slot (each slot starts on a 4096-byte boundary).
+            spin_us: how waits spend their time (see the module docstring): ``None`` is
+                the standard policy, ``0`` never spins, ``x > 0`` spins ``x``
+                microseconds before sleeping.
+            max_producers: how many producers may be attached at once (1..255); entries
+                of producers that closed or died are reused.
+
+        Returns:
+            The ring; pass its :attr:`handle` to producers. Close it (or use it as a
+            context manager): that removes its name from ``/dev/shm``.
+
+        Raises:
+            ValueError: an argument out of range.
+            TypeError: an argument that is not an int (``spin_us``: a number or None).
+            OSError: the segment could not be made (``errno`` set, e.g. ``ENOSPC`` when
+                ``/dev/shm`` is full).
+
+        Example:
+            >>> with SlotRing.create(depth=2, slot_nbytes=4096) as ring:
+            ...     ring.depth, ring.slot_nbytes, ring.is_consumer
+            (2, 4096, True)
         """
         depth = _check_int(depth, "depth", 1, 1025)
         slot_nbytes = _check_int(slot_nbytes, "slot_nbytes", 1)
@@ -160,12 +176,18 @@ class SlotRing(SharedResource):
 
     @classmethod
     def attach(cls, handle: Union[SlotRingHandle, str], *, spin_us: Optional[float] = None) -> "SlotRing":
-        """Attach to an existing ring as a producer, from ``ring.handle`` (or its name).
+        """Attaches to an existing ring as a producer.
 
-        Raises ``tensorxfer.CorruptSegmentError`` if the segment fails validation
-        or does not match the handle, ``tensorxfer.PeerLostError`` if the consumer has
-        exited or closed the ring, ``FileNotFoundError`` if it no longer exists,
-        ``ValueError`` if ``max_producers`` producers are attached now.
+        Args:
+            handle: the consumer's ``ring.handle`` (or the ring's name).
+            spin_us: as for :meth:`create`; each handle has its own.
+
+        Raises:
+            tensorxfer.CorruptSegmentError: the segment fails validation or does not match
+                the handle.
+            tensorxfer.PeerLostError: the consumer has exited or closed the ring.
+            FileNotFoundError: the ring no longer exists.
+            ValueError: ``max_producers`` producers are attached now.
         """
         if isinstance(handle, SlotRingHandle):
             name = handle.name
@@ -233,13 +255,15 @@ class SlotRing(SharedResource):
 
     @property
     def wait_stats(self) -> dict:
-        """Which policy this handle's waits follow (diagnostics):
-        ``{"policy": "standard" | "fixed", "spin_us": budget in microseconds}``."""
+        """The policy this handle's waits follow, for diagnostics.
+
+        ``{"policy": "standard" | "fixed", "spin_us": budget in microseconds}``.
+        """
         return self._live().wait_stats
 
     @property
     def live_producers(self) -> int:
-        """Producers attached now, attaching or active and alive (a diagnostic: one system call each)."""
+        """Producers attached now, attaching or active and alive; a diagnostic that costs one system call each."""
         return self._live().live_producers
 
     @property
@@ -255,12 +279,15 @@ class SlotRing(SharedResource):
     # ---- producer -------------------------------------------------------------
 
     def acquire_free(self, timeout: Optional[float] = None) -> int:
-        """Take a free slot for writing and return its index.
+        """Takes a free slot for writing and returns its index.
 
-        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
-        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` if the
-        consumer died or closed the ring, ``KeyboardInterrupt`` on Ctrl-C (also
-        with ``timeout=None``; no slot is taken then).
+        Args:
+            timeout: seconds (``0``: try once), or ``None`` for no deadline.
+
+        Raises:
+            TimeoutError: ``timeout`` passed.
+            tensorxfer.PeerLostError: the consumer died or closed the ring.
+            KeyboardInterrupt: Ctrl-C, also with ``timeout=None``; no slot is taken then.
         """
         return self._live().acquire_free(timeout)
 
@@ -314,14 +341,17 @@ class SlotRing(SharedResource):
     # ---- consumer -------------------------------------------------------------
 
     def acquire_ready(self, timeout: Optional[float] = None) -> Tuple[int, int]:
-        """The next published slot, in publish order: ``(slot, tick_id)``. Consumer only.
+        """Returns the next published slot, in publish order, as ``(slot, tick_id)``. Consumer only.
 
-        ``timeout``: seconds (``0``: try once), ``None``: no deadline.  Raises
-        ``TimeoutError`` when it passes, ``tensorxfer.PeerLostError`` when every
-        producer that attached is gone, at least one of them died without
-        closing, and nothing is ready (if all producers closed cleanly, another
-        may attach: the wait goes on), ``KeyboardInterrupt`` on Ctrl-C (also
-        with ``timeout=None``; nothing is taken then).
+        Args:
+            timeout: seconds (``0``: try once), or ``None`` for no deadline.
+
+        Raises:
+            TimeoutError: ``timeout`` passed.
+            tensorxfer.PeerLostError: every producer that attached is gone, at least one
+                of them died without closing, and nothing is ready. (If all producers
+                closed cleanly another may attach, so the wait goes on.)
+            KeyboardInterrupt: Ctrl-C, also with ``timeout=None``; nothing is taken then.
         """
         return self._live().acquire_ready(timeout)
 
@@ -337,11 +367,12 @@ class SlotRing(SharedResource):
         self._live().release(slot)
 
     def report_peer_lost(self, message: str) -> None:
-        """Make the next :meth:`acquire_ready` (or one waiting now) raise
-        ``tensorxfer.PeerLostError(message)`` once, taking nothing. Consumer only; thread-safe.
+        """Makes the next :meth:`acquire_ready` raise ``tensorxfer.PeerLostError(message)`` once.
+
+        A call waiting now raises it too; it takes nothing. Consumer only; thread-safe.
 
         For a relay that publishes into this ring on behalf of producers the ring
-        cannot watch itself (:class:`tensorxfer.ipc.RemoteProducers` reports a lost
+        cannot watch itself (:class:`tensorxfer.ipc.remote.RemoteProducers` reports a lost
         remote producer this way): the learner hears of the loss within its wait,
         and its next call goes on with the slots and producers that remain.
         """
@@ -370,9 +401,11 @@ class SlotRing(SharedResource):
     # ---- lifetime -------------------------------------------------------------
 
     def close(self) -> None:
-        """Detach. A producer returns the slots it holds for writing; the consumer
-        closes the ring (waiting producers get ``PeerLostError``) and removes its name.
-        Idempotent.  Afterwards every method raises ``ClosedError("ring is closed")`` (a ``ValueError``).
+        """Detaches from the ring. Idempotent.
+
+        A producer returns the slots it holds for writing; the consumer closes the ring
+        (waiting producers get ``PeerLostError``) and removes its name. Afterwards every
+        method raises ``ClosedError("ring is closed")`` (a ``ValueError``).
         """
         super().close()
 

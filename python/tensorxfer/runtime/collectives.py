@@ -1,5 +1,6 @@
-"""Collectives among the ranks of one host: all_reduce, all_gather,
-reduce_scatter, broadcast and barrier over an :class:`IpcMemory`.
+"""Collectives among the ranks of one host over an :class:`~tensorxfer.runtime.IpcMemory`.
+
+all_reduce, all_gather, reduce_scatter, broadcast and barrier.
 
 ``Communicator(group, max_bytes=...)`` is collective (every rank of the group
 makes one, with the same sizes). Every call is collective too: all ranks make
@@ -14,18 +15,18 @@ in float32), int32 and int64, ops ``sum``, ``avg``, ``max``, ``min``, with the
 then all-gather) or ``auto`` algorithm. Each element is reduced in rank order,
 so every rank gets bitwise the same result whatever the algorithm or chunking.
 Messages larger than ``max_bytes`` are cut into chunks through two staging
-windows per rank. A tensor made with :meth:`Communicator.buffer` already lives
+windows per rank. A tensor made with :meth:`~tensorxfer.runtime.Communicator.buffer` already lives
 in shared memory: it is reduced there, without copying it in.
 
-What a user may write: only :meth:`Communicator.buffer` (the zero-copy
+What a user may write: only :meth:`~tensorxfer.runtime.Communicator.buffer` (the zero-copy
 buffer) is the user's part of the communicator's shared memory. The rest of
-its :attr:`~Communicator.ipc_memory` -- each rank's two staging windows and
+its :attr:`~tensorxfer.runtime.Communicator.ipc_memory` -- each rank's two staging windows and
 the flags -- belongs to the communicator: a tensor overlapping any rank's
 staging windows is refused with ``ValueError`` (writing there, e.g. through
 ``comm.ipc_memory.buffer(...)``, would corrupt the results).
 
 One operation at a time per communicator: a call made while another thread
-runs one raises ``ValueError`` at once; :meth:`Communicator.close` from
+runs one raises ``ValueError`` at once; :meth:`~tensorxfer.runtime.Communicator.close` from
 another thread ends a running call with :class:`tensorxfer.errors.ClosedError`.
 
 ``timeout`` (seconds) bounds each call; None waits without limit but still
@@ -50,10 +51,12 @@ DEFAULT_MAX_BYTES = 1 << 20
 
 
 def default_max_bytes(world_size: int) -> int:
-    """The chunk size a Communicator of ``world_size`` ranks uses when none is given:
-    :data:`DEFAULT_MAX_BYTES` for every ``world_size``.  It depends on nothing a rank
+    """Returns the chunk size a Communicator of ``world_size`` ranks uses when none is given.
+
+    It is :data:`DEFAULT_MAX_BYTES` for every ``world_size``. It depends on nothing a rank
     could see differently (CPU affinity, CPU count), so every rank computes the same
-    value; the construction checks it anyway."""
+    value; the construction checks it anyway.
+    """
     if world_size < 1:
         raise ValueError(f"default_max_bytes: world_size must be >= 1, got {world_size}")
     return DEFAULT_MAX_BYTES
@@ -70,13 +73,28 @@ def _checked_spin(spin_us: Any) -> Optional[float]:
 class Communicator:
     """Collectives for the ranks of ``group``, over shared memory of this host.
 
-    ``max_bytes``: the chunk size (two staging windows of it per rank;
-    default :func:`default_max_bytes`);
-    ``buffer_bytes``: the zero-copy buffer (:meth:`buffer`; default
-    ``max_bytes``); ``timeout``: for the construction exchange;
-    ``spin_us``: how long waits spin before they sleep (default: the standard
-    policy of every tensorxfer wait, see :mod:`tensorxfer.ipc.slot_ring`: 2 ms
-    while the ranks fit the CPUs, 20 us yielding the CPU when they outnumber them).
+    Construction is collective: every rank of the group makes one, with the same sizes
+    (compared: a difference raises ``ValueError`` on every rank, naming both values).
+    Every call is collective too, made in the same order on every rank.
+
+    Args:
+        group: a :class:`~tensorxfer.runtime.LocalGroup` (or anything with its
+            ``rank``, ``world_size``, ``all_gather_bytes`` and ``barrier``).
+        max_bytes: the chunk size, two staging windows of it per rank (default
+            :func:`~tensorxfer.runtime.collectives.default_max_bytes`).
+        buffer_bytes: the size of the zero-copy buffer, :meth:`buffer` (default
+            ``max_bytes``).
+        timeout: seconds for the construction exchange; ``None`` for no deadline.
+        spin_us: how long waits spin before they sleep (default: the standard policy of
+            every tensorxfer wait, see :class:`~tensorxfer.ipc.SlotRing`: 2 ms while the
+            ranks fit the CPUs, 20 us yielding the CPU when they outnumber them).
+
+    Example:
+        Two ranks, each with its own process::
+
+            with LocalGroup.join("job", rank=r, world_size=2) as group, Communicator(group) as comm:
+                grads = numpy.full(1024, r + 1, numpy.float32)
+                comm.all_reduce(grads)          # in place: 3.0 everywhere, on both ranks
     """
 
     def __init__(
@@ -93,7 +111,8 @@ class Communicator:
         ``max_bytes`` and ``buffer_bytes`` are compared between ranks: a
         difference raises ``ValueError`` on every rank naming both values. A
         rank whose construction fails (a bad argument, no memory) makes every
-        rank's construction fail, also with ``timeout=None``."""
+        rank's construction fail, also with ``timeout=None``.
+        """
         self._group = group
         world = int(group.world_size)
         requested = {"max_bytes": max_bytes, "buffer_bytes": buffer_bytes}
@@ -150,7 +169,8 @@ class Communicator:
 
         Read-only for the user except :meth:`buffer`'s part: each region
         starts with this communicator's two staging windows, which its
-        collectives write (a tensor overlapping them is refused)."""
+        collectives write (a tensor overlapping them is refused).
+        """
         return self._memory
 
     @property
@@ -169,10 +189,23 @@ class Communicator:
         return typed_view(self._native.buffer_array(which), dtype, shape, "Communicator.buffer")
 
     def all_reduce(self, tensor: Any, op: str = "sum", algorithm: str = "auto", *, timeout: Optional[float] = None) -> Any:
-        """Reduce ``tensor`` over all ranks, in place; returns ``tensor``.
+        """Reduces ``tensor`` over all ranks, in place; returns ``tensor``.
 
-        ``op``: ``"sum"``, ``"avg"``, ``"max"``, ``"min"``; ``algorithm``:
-        ``"auto"``, ``"one_shot"``, ``"two_shot"``.
+        Every rank gets bitwise the same result: the order of the reduction is fixed
+        (rank 0, 1, ...) whatever the algorithm. Half types accumulate in float32.
+
+        Args:
+            tensor: a contiguous host numpy array or CPU torch tensor of float32, float64,
+                bfloat16, float16, int32 or int64, the same size and dtype on every rank.
+            op: ``"sum"``, ``"avg"``, ``"max"`` or ``"min"``.
+            algorithm: ``"auto"``, ``"one_shot"`` or ``"two_shot"``.
+            timeout: seconds; ``None`` for no deadline.
+
+        Raises:
+            ValueError: ranks called with different sizes, dtypes, ops or algorithms
+                (every rank raises, in the caller's words), or an unsupported dtype or op.
+            TimeoutError: a rank did not come within ``timeout`` (named).
+            tensorxfer.PeerLostError: a rank died or gave up (named).
         """
         self._native.all_reduce(tensor, op, algorithm, timeout)
         return tensor

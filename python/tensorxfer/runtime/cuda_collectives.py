@@ -20,7 +20,7 @@ Every rank must make the same calls with the same dtype, op, algorithm and size.
 A rank whose peer announced another call, or that waited longer than ``timeout``
 seconds for a peer at a barrier, stops on the GPU (its kernels return without
 touching the tensor, so nothing hangs) and records the failure; the next call,
-and :meth:`check` once the stream has caught up, raise it (``ValueError`` or
+and :meth:`~tensorxfer.runtime.CudaCommunicator.check` once the stream has caught up, raise it (``ValueError`` or
 ``TimeoutError`` naming the peer). The communicator is then unusable.
 """
 
@@ -33,7 +33,7 @@ from tensorxfer._arguments import check_int
 from tensorxfer.errors import ClosedError, UnsupportedError
 from tensorxfer.runtime.ipc_memory import GroupLike, IpcMemory
 
-#: Bytes of each rank's region: the chunk size.
+#: Bytes of each rank's region, which is also the chunk size.
 DEFAULT_MAX_BYTES = 8 << 20
 #: Seconds a barrier on the GPU waits for a peer before it gives up.
 DEFAULT_TIMEOUT = 60.0
@@ -90,10 +90,12 @@ class CudaCommunicator:
 
     @property
     def rank(self) -> int:
+        """This rank's index in the group."""
         return self._memory.worker_id
 
     @property
     def world_size(self) -> int:
+        """The number of ranks."""
         return self._memory.num_workers
 
     @property
@@ -103,10 +105,12 @@ class CudaCommunicator:
 
     @property
     def max_bytes(self) -> int:
+        """Bytes of each rank's region, which is also the chunk size."""
         return self._max_bytes
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._native is None
 
     def all_reduce(self, tensor: Any, op: str = "sum", algorithm: str = "auto") -> Any:
@@ -129,7 +133,9 @@ class CudaCommunicator:
 
     def check(self) -> None:
         """Raises the failure the GPU recorded (``TimeoutError``, ``ValueError``), if any.
-        Complete once torch's stream has run the calls made so far."""
+
+        Complete once torch's stream has run the calls made so far.
+        """
         self._require_open().throw_if_failed()
 
     def close(self) -> None:
@@ -155,3 +161,6 @@ class CudaCommunicator:
         if self._native is None:
             raise ClosedError("CudaCommunicator is closed")
         return self._native
+
+
+__all__ = ["CudaCommunicator", "DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT"]

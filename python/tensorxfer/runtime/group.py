@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_MAX_GATHER_NBYTES", "GroupHandle", "LocalGroup"]
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
-#: The default bound of :meth:`LocalGroup.all_gather_bytes` on one rank's contribution (256 MiB).
+#: The default bound of :meth:`~tensorxfer.runtime.LocalGroup.all_gather_bytes` on one rank's contribution (256 MiB).
 DEFAULT_MAX_GATHER_NBYTES = int(_core.LocalGroup.default_max_gather_nbytes)
 
 
@@ -112,11 +112,25 @@ class LocalGroup(SharedResource):
     def join(cls, name: str, *, rank: int, world_size: int, timeout: Optional[float] = None) -> "LocalGroup":
         """Joins (or creates) the group ``name``; returns once all ``world_size`` ranks joined.
 
-        Raises ``ValueError`` for bad arguments or a refused segment (a live
-        group of another size, a rank taken by a live process, another user's
-        segment), ``tensorxfer.CorruptSegmentError`` for a damaged segment,
-        ``TimeoutError`` naming the ranks that did not come, and
-        ``tensorxfer.PeerLostError`` when a rank that had joined died.
+        Collective: every rank calls it. A segment left by a dead job of the same name
+        is detected and replaced.
+
+        Args:
+            name: the group's name, the same on every rank and unique on this host.
+            rank: this process's rank, ``0 <= rank < world_size``.
+            world_size: how many ranks the group has.
+            timeout: seconds to wait for the other ranks; ``None`` for no deadline.
+
+        Returns:
+            The joined group; close it (or use it as a context manager).
+
+        Raises:
+            ValueError: bad arguments, or a refused segment (a live group of another
+                size, a rank taken by a live process, another user's segment).
+            tensorxfer.CorruptSegmentError: a damaged segment.
+            TimeoutError: ``timeout`` passed; the message names the ranks that did not
+                come.
+            tensorxfer.PeerLostError: a rank that had joined died.
         """
         name = _check_name(name)
         world_size = check_int(world_size, "world_size", 1, _core.LocalGroup.max_world_size)
@@ -132,12 +146,18 @@ class LocalGroup(SharedResource):
 
     @classmethod
     def from_torch(cls, process_group: Any = None, *, timeout: Optional[float] = None) -> "LocalGroup":
-        """A group of the ranks of a torch.distributed process group (the default one when None).
+        """Makes a group of the ranks of a torch.distributed process group.
 
-        torch.distributed must be initialized and every rank of the group on
-        this host (else ``RuntimeError`` naming the ranks that are not, on every
-        rank). Rank and world size are the process group's; rank 0 picks a
-        random group name, exchanged through torch.
+        Collective over ``process_group``. Rank and world size are the process group's;
+        rank 0 picks a random group name, exchanged through torch.
+
+        Args:
+            process_group: the torch.distributed group (``None``: the default group).
+            timeout: as for :meth:`join`.
+
+        Raises:
+            RuntimeError: torch.distributed is not initialized, or some ranks of the group
+                are not on this host (named, on every rank).
         """
         import torch.distributed as dist
 
@@ -158,11 +178,18 @@ class LocalGroup(SharedResource):
 
     @classmethod
     def from_mpi(cls, comm: Any = None, *, timeout: Optional[float] = None) -> "LocalGroup":
-        """A group of the ranks of an mpi4py communicator (``MPI.COMM_WORLD`` when None).
+        """Makes a group of the ranks of an mpi4py communicator.
 
-        Every rank must share this host's memory (checked with
-        ``Split_type(COMM_TYPE_SHARED)``; ``RuntimeError`` naming the ranks that
-        do not, on every rank). Rank 0's random group name is broadcast.
+        Collective over ``comm``. Every rank must share this host's memory (checked with
+        ``Split_type(COMM_TYPE_SHARED)``). Rank 0's random group name is broadcast.
+
+        Args:
+            comm: the communicator (``None``: ``MPI.COMM_WORLD``).
+            timeout: as for :meth:`join`.
+
+        Raises:
+            RuntimeError: some ranks do not share this host's memory (named, on every
+                rank).
         """
         from mpi4py import MPI
 
@@ -207,23 +234,36 @@ class LocalGroup(SharedResource):
     def barrier(self, timeout: Optional[float] = None) -> None:
         """Returns once every rank has entered this barrier.
 
-        Raises ``TimeoutError`` (naming the ranks that did not arrive) or
-        ``tensorxfer.PeerLostError`` (naming the lost rank). After either the
-        group cannot be used for further collectives: close it.
+        After a failure the group cannot be used for further collectives: close it.
+
+        Args:
+            timeout: seconds; ``None`` for no deadline.
+
+        Raises:
+            TimeoutError: ``timeout`` passed (the ranks that did not arrive are named).
+            tensorxfer.PeerLostError: a rank died or gave up (named).
         """
         self._ensure_open()
         self._native.barrier(timeout)
 
     def all_gather_bytes(self, data: bytes, timeout: Optional[float] = None, *,
                          max_nbytes: int = DEFAULT_MAX_GATHER_NBYTES) -> List[bytes]:
-        """Every rank's ``data`` in rank order (own included); sizes may differ between ranks.
+        """Returns every rank's ``data`` in rank order (own included); sizes may differ.
 
-        ``data`` is bytes-like (bytes, bytearray, memoryview of contiguous bytes).
-        Contributions larger than the shared mailbox (64 KiB) are exchanged in
-        rounds. ``max_nbytes`` bounds every rank's contribution: one that is
-        larger (own, or announced by a peer) raises ``ValueError`` on every
-        rank (naming the rank and both sizes) before anything is allocated for
-        it, and the group stays usable. Otherwise raises like :meth:`barrier`.
+        Contributions larger than the shared mailbox (64 KiB) are exchanged in rounds.
+
+        Args:
+            data: bytes-like (bytes, bytearray, memoryview of contiguous bytes).
+            timeout: seconds; ``None`` for no deadline.
+            max_nbytes: bounds every rank's contribution.
+
+        Raises:
+            ValueError: a contribution (own, or announced by a peer) is larger than
+                ``max_nbytes``; raised on every rank, naming the rank and both sizes,
+                before anything is allocated for it. The group stays usable.
+            TypeError: ``data`` is not bytes-like.
+            TimeoutError: as for :meth:`barrier`.
+            tensorxfer.PeerLostError: as for :meth:`barrier`.
         """
         self._ensure_open()
         max_nbytes = check_int(max_nbytes, "max_nbytes", minimum=0)

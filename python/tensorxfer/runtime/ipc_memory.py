@@ -1,5 +1,4 @@
-"""IPC memory: a data region and barrier words per rank of a local group,
-every rank's mapped into every process.
+"""IPC memory: a data region and barrier words per rank of a local group, mapped by every rank.
 
 The object has the fields of TVM's ``CUDAIPCMemoryObj`` (the reference):
 ``num_workers``, ``worker_id``, ``remote_data`` (rank i's data address in this
@@ -28,7 +27,7 @@ from tensorxfer.errors import ClosedError, TensorxferError
 
 
 class GroupLike(Protocol):
-    """What :meth:`IpcMemory.create` needs from a group (``tensorxfer.runtime.LocalGroup``)."""
+    """What :meth:`~tensorxfer.runtime.IpcMemory.create` needs from a group (``tensorxfer.runtime.LocalGroup``)."""
 
     @property
     def rank(self) -> int:
@@ -102,8 +101,11 @@ def _message(ok: bool, text: str, layout: Dict[str, Any]) -> bytes:
 
 def _agree(what: str, group: GroupLike, ok: bool, text: str, layout: Dict[str, Any],
            timeout: Optional[float]) -> List[str]:
-    """One all-gather of every rank's status (and layout); raises on every rank if any rank failed
-    or the layouts differ. Returns every rank's text (a handle when ok)."""
+    """All-gathers every rank's status (and layout) once; returns every rank's text.
+
+    A rank's text is its handle when it is ok. Raises on every rank if any rank failed or
+    the layouts differ.
+    """
     try:
         replies = [json.loads(bytes(reply)) for reply in _gather(group, _message(ok, text, layout), timeout)]
     except BaseException:
@@ -197,8 +199,10 @@ def create_and_map(what: str, group: GroupLike, nbytes: Callable[[], int], devic
 
 
 def _close_cuda_collectively(native: Any, group: GroupLike, timeout: Optional[float]) -> None:
-    """Frees this rank's CUDA allocation only after every rank closed its imports of it:
-    close ours of the peers', barrier, then free (freed also when the barrier fails)."""
+    """Frees this rank's CUDA allocation only after every rank closed its imports of it.
+
+    Closes ours of the peers', barriers, then frees (also when the barrier fails).
+    """
     native.close_peer_mappings()
     try:
         group.barrier(timeout=timeout)
@@ -216,8 +220,10 @@ class IpcMemory:
     """
 
     def __init__(self, native: Any, group: Optional[GroupLike] = None, timeout: Optional[float] = None) -> None:
-        """Wrap a mapped ``tensorxfer._core.IpcMemory`` (use :meth:`create`); ``group`` and
-        ``timeout`` serve the collective close of CUDA memory."""
+        """Wraps a mapped ``tensorxfer._core.IpcMemory``; use :meth:`create` instead.
+
+        ``group`` and ``timeout`` serve the collective close of CUDA memory.
+        """
         self._native = native
         self._group = group
         self._timeout = timeout
@@ -257,7 +263,7 @@ class IpcMemory:
 
     @property
     def remote_data(self) -> list[int]:
-        """Rank i's data address in this process (own rank: the local address)."""
+        """Rank i's data address in this process, for each rank i (this rank's own is the local address)."""
         return list(self._native.remote_data)
 
     @property

@@ -34,7 +34,7 @@ Guarantees:
 
 The transport is torch.distributed point-to-point over gloo (TCP between hosts):
 one two-rank group per producer session, made on the rendezvous store
-(:mod:`tensorxfer.ipc.remote.rendezvous`), so a restarted producer never needs
+(``tensorxfer.ipc.remote.rendezvous``), so a restarted producer never needs
 the old group.
 """
 

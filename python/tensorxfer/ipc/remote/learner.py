@@ -153,8 +153,11 @@ class _Session:
             self.finish(proxy)
 
     def hold(self, proxy: SlotRing, views: List[Any], reserved: Deque[Tuple[int, Any]], count: int) -> None:
-        """Holds ``count`` more free ring slots for the producer (waiting for the learner to free them:
-        the back-pressure) and posts a receive into each: each is a credit."""
+        """Holds ``count`` more free ring slots for the producer and posts a receive into each.
+
+        Each slot so held is a credit. Waiting for the learner to free slots is the
+        back-pressure.
+        """
         for _ in range(count):
             while True:
                 if self.owner._stopping.is_set():  # no more credits: the producer answers CLOSE with bye
@@ -198,8 +201,11 @@ class _Session:
             proxy.close()  # the slots still held for writing go back to the ring, unpublished
 
     def request_close(self) -> None:
-        """Tells the producer the learner closes: it answers bye (the relay still takes what it sent
-        before, so the link closes with nothing unread), and its calls raise PeerLostError."""
+        """Tells the producer that the learner closes; its calls then raise PeerLostError.
+
+        The producer answers bye, and the relay still takes what it sent before, so the
+        link closes with nothing unread.
+        """
         import torch
 
         if self.group is None:
@@ -215,14 +221,17 @@ class _Session:
 
 
 class RemoteProducers:
-    """Feeds a learner's :class:`SlotRing` from producers on other hosts. Build it with :meth:`serve`."""
+    """Feeds a learner's :class:`~tensorxfer.ipc.SlotRing` from producers on other hosts. Build it with :meth:`serve`."""
 
     def __init__(self, ring: SlotRing, store: Any, address: str, prefix: str, credits: int, timeout: float) -> None:
         self._ring = ring
         self._store = store
         self._prefix = prefix
+        #: The address producers connect to (``tcp://HOST:PORT``), with the port the store got.
         self.init_method = address
+        #: Slots each producer may have in flight.
         self.credits = credits
+        #: Seconds of silence after which a producer is reported lost.
         self.timeout = timeout
         self.slot_nbytes = ring.slot_nbytes
         self._stopping = threading.Event()
@@ -235,12 +244,25 @@ class RemoteProducers:
     @classmethod
     def serve(cls, ring: SlotRing, init_method: Optional[str] = None, *, credits: int = 2, timeout: float = 30.0,
               key: str = "ring") -> "RemoteProducers":
-        """Accept remote producers into ``ring`` (this process must be its consumer) until :meth:`close`.
+        """Accepts remote producers into ``ring`` until :meth:`close`.
 
-        ``init_method``: ``"tcp://HOST:PORT"`` (port 0: any free one, see :attr:`init_method`),
-        ``"env://"`` or ``None`` (``MASTER_ADDR``/``MASTER_PORT``, as torchrun sets them).
-        ``credits``: ring slots each producer may have in flight (1..depth).  ``timeout``: seconds
-        of silence after which a producer is reported lost (producers send heartbeats 4 times as often).
+        Args:
+            ring: a :class:`~tensorxfer.ipc.SlotRing` this process created (its consumer).
+            init_method: ``"tcp://HOST:PORT"`` (port 0: any free one; :attr:`init_method`
+                then names the port), or ``"env://"`` / ``None`` for ``MASTER_ADDR`` and
+                ``MASTER_PORT``, as torchrun sets them.
+            credits: ring slots each producer may have in flight (1..depth).
+            timeout: seconds of silence after which a producer is reported lost (producers
+                send heartbeats 4 times as often).
+            key: names this ring among several served on one store (default ``"ring"``);
+                producers pass the same to ``RemoteSlotRing.connect``.
+
+        Returns:
+            The running relay; close it (or use it as a context manager) before the ring.
+
+        Raises:
+            ValueError: ``ring`` is not this process's own ring, or ``credits`` is out of
+                range.
         """
         if not isinstance(ring, SlotRing) or not ring.is_consumer:
             raise ValueError("ring must be a SlotRing this process created (its consumer)")
@@ -303,9 +325,12 @@ class RemoteProducers:
     # ---- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop accepting, tell every producer the learner closes (their calls then raise
-        PeerLostError), return the slots held for them to the ring, and stop serving the store.
-        Slots already published stay in the ring.  Idempotent; waits at most ``timeout``."""
+        """Stops serving: every producer is told that the learner closes.
+
+        The producers' calls then raise ``PeerLostError``; the slots held for them go back
+        to the ring (slots already published stay in it) and the rendezvous store stops.
+        Idempotent; waits at most ``timeout`` seconds.
+        """
         if self._closed:
             return
         self._closed = True

@@ -86,11 +86,23 @@ class RemoteSlotRing:
     @classmethod
     def connect(cls, init_method: Optional[str] = None, *, name: Optional[str] = None, timeout: float = 30.0,
                 key: str = "ring") -> "RemoteSlotRing":
-        """Join the learner's ring served at ``init_method`` (``"tcp://HOST:PORT"``, ``"env://"`` or ``None``:
-        ``MASTER_ADDR``/``MASTER_PORT``).  ``name`` labels this producer in the learner's errors
-        (default ``host:pid``).  Raises ``TimeoutError``/``RuntimeError`` if no learner answers within
-        ``timeout``, ``PeerLostError`` if it has closed.  A producer that died may connect again: it
-        is a new session."""
+        """Joins the learner's ring served at ``init_method`` as a producer.
+
+        A producer that died may connect again: it is a new session.
+
+        Args:
+            init_method: ``"tcp://HOST:PORT"``, or ``"env://"`` / ``None`` for
+                ``MASTER_ADDR`` and ``MASTER_PORT``.
+            name: labels this producer in the learner's errors (default ``host:pid``).
+            timeout: seconds to wait for the learner.
+            key: which of the learner's served rings to join: the ``key`` given to
+                ``RemoteProducers.serve`` (default ``"ring"``).
+
+        Raises:
+            TimeoutError: no learner answered within ``timeout`` (or ``RuntimeError``,
+                as torch's store reports it).
+            tensorxfer.PeerLostError: the learner has closed.
+        """
         import torch.distributed as dist
 
         timeout = protocol.check_seconds(timeout, "timeout")
@@ -114,7 +126,7 @@ class RemoteSlotRing:
 
     @property
     def depth(self) -> int:
-        """Slots this producer may have in flight: the learner's credits."""
+        """Slots this producer may have in flight, which are the learner's credits."""
         return self._info.credits
 
     @property
@@ -124,6 +136,7 @@ class RemoteSlotRing:
 
     @property
     def name(self) -> str:
+        """This producer's name in the learner's errors."""
         return self.record.name
 
     # ---- the producer calls -----------------------------------------------------------
@@ -135,9 +148,18 @@ class RemoteSlotRing:
             raise PeerLostError(self._lost)
 
     def acquire_free(self, timeout: Optional[float] = None) -> int:
-        """A slot to write: waits until one of this producer's slots has left, which happens once the
-        learner holds a ring slot for it (its back-pressure).  ``timeout``: seconds or ``None``;
-        ``TimeoutError`` when it passes, ``PeerLostError`` when the learner closed or its link broke."""
+        """Returns a slot to write, once one of this producer's slots has left.
+
+        A slot leaves once the learner holds a ring slot for it: the learner's
+        back-pressure.
+
+        Args:
+            timeout: seconds, or ``None`` for no deadline.
+
+        Raises:
+            TimeoutError: ``timeout`` passed.
+            tensorxfer.PeerLostError: the learner closed or the link broke.
+        """
         checked = check_timeout(timeout, "RemoteSlotRing.acquire_free")
         deadline = None if checked is None else time.monotonic() + checked
         with self._cond:
@@ -162,11 +184,21 @@ class RemoteSlotRing:
         return self._tensors[_check_index(slot, "slot", self.depth)]
 
     def publish(self, slot: int, tick_id: int, nbytes: Optional[int] = None) -> None:
-        """Send the slot to the learner, labelled ``tick_id`` (0..2**64-1); it reaches the learner's
-        ``acquire_ready`` whole, after this producer's earlier slots.  ``nbytes``: send only the first
-        ``nbytes`` (1..slot_nbytes; default all).  ``ValueError`` for a slot not held, a tick id or
-        ``nbytes`` out of range (nothing is sent, the slot stays held); ``PeerLostError`` if the
-        learner is gone."""
+        """Sends the slot to the learner, labelled ``tick_id``.
+
+        It reaches the learner's ``acquire_ready`` whole, after this producer's earlier
+        slots.
+
+        Args:
+            slot: a slot from :meth:`acquire_free`.
+            tick_id: the label, 0..2**64-1.
+            nbytes: send only the first ``nbytes`` (1..slot_nbytes; default all).
+
+        Raises:
+            ValueError: a slot not held, a tick id or ``nbytes`` out of range (nothing is
+                sent, the slot stays held).
+            tensorxfer.PeerLostError: the learner is gone.
+        """
         slot = _check_index(slot, "slot", self.depth)
         tick_id = check_int(tick_id, "tick_id", 0, UINT64_MAX)
         count = self.slot_nbytes if nbytes is None else check_int(
@@ -208,7 +240,7 @@ class RemoteSlotRing:
 
     @contextlib.contextmanager
     def writing(self, tick_id: int, timeout: Optional[float] = None) -> Iterator[int]:
-        """As :meth:`SlotRing.writing`: publish on success, abandon on an exception."""
+        """As :meth:`tensorxfer.ipc.SlotRing.writing`: publish on success, abandon on an exception."""
         slot = self.acquire_free(timeout)
         try:
             yield slot
@@ -230,8 +262,10 @@ class RemoteSlotRing:
             self._mark_lost_locked(reason)
 
     def _complete_sends(self) -> None:
-        """Waits for each send in order (without a deadline: the learner's back-pressure may last) and
-        frees its slot; a failed send is the link's loss."""
+        """Waits for each send in order and frees its slot; a failed send is the link's loss.
+
+        There is no deadline: the learner's back-pressure may last.
+        """
         while True:
             with self._cond:
                 while not self._in_flight and not self._stop.is_set():

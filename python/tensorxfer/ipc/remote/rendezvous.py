@@ -3,7 +3,7 @@
 ``init_method`` is what ``torch.distributed.init_process_group`` takes:
 
 * ``"tcp://HOST:PORT"``: the learner serves a ``TCPStore`` on PORT (``0``: any
-  free port; :attr:`RemoteProducers.init_method` then names the one it got);
+  free port; :attr:`tensorxfer.ipc.remote.RemoteProducers.init_method` then names the one it got);
   producers connect to HOST:PORT.
 * ``"env://"`` or ``None``: the same from ``MASTER_ADDR`` and ``MASTER_PORT``,
   the variables ``torchrun`` sets.  Under ``torchrun`` (where

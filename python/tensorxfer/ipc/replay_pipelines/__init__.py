@@ -1,5 +1,4 @@
-"""Replay pipelines: collectors pack sampled batches into shared host slots and a
-learner moves them to its device.
+"""Replay pipelines: collectors pack batches into shared host slots, a learner moves them to its device.
 
 * ``tensorxfer.ipc.replay_pipelines.base`` -- ``ReplayTickMetadata``, what a
   producer says about one packed batch.

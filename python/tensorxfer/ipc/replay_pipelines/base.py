@@ -20,8 +20,9 @@ def _as_index(value: Any, name: str, *, optional: bool = False) -> Optional[int]
 
 @dataclasses.dataclass(frozen=True)
 class ReplayTickMetadata:
-    """Describes the batch a replay producer packed at one learner tick (the
-    upstream dataclass, field for field).
+    """Describes the batch a replay producer packed at one learner tick.
+
+    The upstream dataclass, field for field:
 
     * ``tick_id``: the tick; it must strictly increase across the submits of one
       transfer backend.

@@ -41,19 +41,21 @@ class TraceRecorder(Protocol):
 class ReplayTransferBackend(Protocol):
     """Device-specific host-to-device transfer backend.
 
-    Attributes: ``device`` (a ``torch.device`` when torch is importable, else
-    the device string), ``device_family`` ("cpu", "cuda", "rocm", "xpu", or a
-    torch device type), ``h2d_submitter`` (what issues the copy),
-    ``host_memory_kind`` (what the host slots are: "shared", "pageable_shared",
-    ...), ``host_pinned`` (the registered host slots are page-locked),
-    ``direct_pinned_shared`` (the copy reads the shared slots in place, pinned,
-    without a staging buffer), ``supports_async_submit`` (``submit_h2d``
-    returns before the copy finishes), ``supports_timing_events`` (device
-    timing events can be handed to a trace recorder).
+    Slots are ring indices ``0 <= slot < ring_depth``. Every method raises
+    ``ClosedError("... is closed")`` (a ``ValueError``) after ``close``. Backends are
+    meant to be driven from one thread. Build one with
+    :func:`~tensorxfer.ipc.replay_pipelines.transfer.build_replay_transfer_backend`.
 
-    Slots are ring indices ``0 <= slot < ring_depth``.  Every method raises
-    ``ClosedError("... is closed")`` (a ``ValueError``) after ``close``.  Backends are meant to be
-    driven from one thread.
+    Attributes:
+        device: a ``torch.device`` when torch is importable, else the device string.
+        device_family: "cpu", "cuda", "rocm", "xpu", or a torch device type.
+        h2d_submitter: what issues the copy (``"pybind11"``, ``"torch_copy_stream"``, ...).
+        host_memory_kind: what the host slots are ("shared", "pageable_shared", ...).
+        host_pinned: the registered host slots are page-locked.
+        direct_pinned_shared: the copy reads the shared slots in place, pinned, without a
+            staging buffer.
+        supports_async_submit: ``submit_h2d`` returns before the copy finishes.
+        supports_timing_events: device timing events can be handed to a trace recorder.
     """
 
     device: Any
@@ -66,16 +68,28 @@ class ReplayTransferBackend(Protocol):
     supports_timing_events: bool
 
     def register_host_slots(self, slots: Sequence[Any]) -> None:
-        """Validates the shared host slots (contiguous host tensors/arrays, at most
-        ``ring_depth`` of them) and prepares them for fast copies: pre-faults them
-        and page-locks them where the backend can (``host_pinned`` says whether it
-        did).  A second call replaces the first registration.  Undone by ``close``.
+        """Validates the shared host slots and prepares them for fast copies.
+
+        The slots are pre-faulted and page-locked where the backend can
+        (``host_pinned`` says whether it did). A second call replaces the first
+        registration; ``close`` undoes it.
+
+        Args:
+            slots: contiguous host tensors or arrays, at most ``ring_depth`` of them.
         """
         ...
 
     def allocate_device_slots(self, *, count: int, shape: Sequence[int], dtype: Any) -> List[Any]:
-        """``count`` contiguous, uninitialised-or-zeroed tensors of ``shape`` and
-        ``dtype`` on the backend's device, suitable as ``dst`` of ``submit_h2d``."""
+        """Allocates device slots, suitable as ``dst`` of ``submit_h2d``.
+
+        Args:
+            count: how many.
+            shape: the shape of each.
+            dtype: a numpy or torch dtype.
+
+        Returns:
+            ``count`` contiguous tensors on the backend's device, uninitialised or zeroed.
+        """
         ...
 
     def submit_h2d(
@@ -91,45 +105,69 @@ class ReplayTransferBackend(Protocol):
         pack_layout: str = "",
         pack_executor: str = "",
     ) -> float:
-        """Copies the first ``h2d_bytes`` bytes (default: all of ``dst``) of ``src``
-        (a host slot) into ``dst`` (a device slot) on the backend's copy stream and
-        records the ready event of ``slot``.  Returns the seconds the CPU spent
-        submitting, not the transfer time.  ``metadata`` (optional) must carry a
-        tick id larger than every earlier one and, when its ``batch_host_slot``
-        is set, ``batch_host_slot == slot``.  The trace span arguments carry
-        ``slot``, ``h2d_bytes``, ``pinned_memory``, ``pack_layout``,
-        ``pack_executor``, ``h2d_submitter``, ``direct_pinned_shared`` and the
-        seven ``ReplayTickMetadata`` fields (None without metadata).  The copy is
-        ordered after the work queued so far on the caller's current stream.
+        """Copies a host slot into a device slot on the backend's copy stream.
+
+        The copy is ordered after the work queued so far on the caller's current
+        stream, and records the ready event of ``slot``.
+
+        Args:
+            slot: the ring slot whose ready event the copy records.
+            dst: the device slot.
+            src: the host slot.
+            metadata: optional; its tick id must be larger than every earlier one and,
+                when its ``batch_host_slot`` is set, ``batch_host_slot == slot``.
+            trace_recorder: receives the spans, if given. Their arguments carry
+                ``slot``, ``h2d_bytes``, ``pinned_memory``, ``pack_layout``,
+                ``pack_executor``, ``h2d_submitter``, ``direct_pinned_shared`` and the
+                seven ``ReplayTickMetadata`` fields (None without metadata).
+            trace_cuda_events: also record device timing events for the recorder.
+            h2d_bytes: copy only the first ``h2d_bytes`` bytes (default: all of ``dst``).
+            pack_layout: a label for the trace.
+            pack_executor: a label for the trace.
+
+        Returns:
+            The seconds the CPU spent submitting, not the transfer time.
         """
         ...
 
     def clear_ready(self, slot: int) -> None:
-        """Forgets the slot's last submit: afterwards the slot reads as ready, as
-        before its first submit.  A copy already submitted still runs."""
+        """Forgets the slot's last submit, so that it reads as ready again.
+
+        A copy already submitted still runs.
+        """
         ...
 
     def ready_query(self, slot: int) -> bool:
-        """True when the last copy submitted to ``slot`` has finished (or none was
-        submitted since construction / ``clear_ready``).  Never blocks."""
+        """Whether the last copy submitted to ``slot`` has finished; never blocks.
+
+        Also True when none was submitted since construction or ``clear_ready``.
+        """
         ...
 
     def synchronize_ready(self, slot: int) -> None:
-        """Blocks the calling thread until the last copy submitted to ``slot`` has
-        finished (a blocking event wait, no polling).  Raises ``TimeoutError``
-        after a bounded wait."""
+        """Blocks the calling thread until the last copy submitted to ``slot`` has finished.
+
+        The wait sleeps on the event (no polling).
+
+        Raises:
+            TimeoutError: the copy did not finish within the backend's bound.
+        """
         ...
 
     def wait_current_stream_for_ready(self, slot: int) -> None:
-        """Makes the caller's current stream wait for the slot's last copy (on
-        devices with streams this returns at once; on the host the calling thread
-        is the stream, so it waits)."""
+        """Makes the caller's current stream wait for the slot's last copy.
+
+        On devices with streams this returns at once; on the host the calling thread
+        is the stream, so it waits.
+        """
         ...
 
     def close(self) -> None:
-        """Waits for submitted copies (bounded), releases the copy stream and
-        undoes ``register_host_slots``.  Idempotent; also runs on context-manager
-        exit and when the backend is garbage-collected."""
+        """Waits for submitted copies (bounded), then releases the copy stream and the slots.
+
+        Undoes ``register_host_slots``. Idempotent; also runs on context-manager
+        exit and when the backend is garbage-collected.
+        """
         ...
 
 

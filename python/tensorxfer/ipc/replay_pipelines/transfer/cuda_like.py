@@ -38,15 +38,25 @@ TORCH_SUBMITTER = "torch_copy_stream"
 
 
 def native_submitter_compiled() -> bool:
-    """Whether this build of the extension has the native CUDA copy submitter
-    (built with the CUDA toolkit).  Makes no CUDA call."""
+    """Whether this build of the extension has the native CUDA copy submitter.
+
+    It has when it was built with the CUDA toolkit. Makes no CUDA call.
+    """
     return bool(getattr(_core, "cuda_copy_compiled", False)) and hasattr(_core, "CudaCopySubmitter")
 
 
 def select_h2d_submitter(*, native_compiled: bool, hip: bool) -> str:
-    """The ``h2d_submitter`` of a CUDA-like backend: ``"pybind11"`` when the
-    native submitter is compiled in and torch runs CUDA, ``"torch_copy_stream"``
-    without it and always on ROCm (``hip``: the native submitter speaks CUDA only)."""
+    """Chooses the ``h2d_submitter`` of a CUDA-like backend.
+
+    Args:
+        native_compiled: whether the native submitter is compiled in
+            (:func:`native_submitter_compiled`).
+        hip: whether torch runs ROCm (HIP); the native submitter speaks CUDA only.
+
+    Returns:
+        ``"pybind11"`` when the native submitter is compiled in and torch runs CUDA,
+        ``"torch_copy_stream"`` otherwise.
+    """
     return NATIVE_SUBMITTER if native_compiled and not hip else TORCH_SUBMITTER
 
 

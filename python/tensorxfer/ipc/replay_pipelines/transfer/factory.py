@@ -17,15 +17,23 @@ def _torch_or_none():
 
 
 def build_replay_transfer_backend(*, device: Any, ring_depth: int) -> ReplayTransferBackend:
-    """Build the transfer backend for a learner device.
+    """Builds the transfer backend for a learner device.
 
-    ``device`` is a ``torch.device`` or a device string: "cpu" ->
-    ``HostReplayTransferBackend``, "cuda[:N]" -> ``CudaLikeReplayTransferBackend``
-    (CUDA or ROCm), "xpu[:N]" -> ``XpuReplayTransferBackend``, any other torch
-    device -> ``TorchCopyReplayTransferBackend``.  ``ring_depth`` (int >= 1) is
-    the number of slots the backend tracks.  A device that is not present
-    raises ``tensorxfer.UnsupportedError`` naming what is missing; without torch
-    installed only "cpu" works.
+    Without torch installed only "cpu" works.
+
+    Args:
+        device: a ``torch.device`` or a device string: "cpu" gives a
+            ``HostReplayTransferBackend``, "cuda[:N]" a ``CudaLikeReplayTransferBackend``
+            (CUDA or ROCm), "xpu[:N]" an ``XpuReplayTransferBackend``, any other torch
+            device a ``TorchCopyReplayTransferBackend``.
+        ring_depth: the number of slots the backend tracks (an int >= 1).
+
+    Returns:
+        The backend; close it, or use it as a context manager.
+
+    Raises:
+        tensorxfer.UnsupportedError: the device is not present (the message names what
+            is missing).
     """
     ring_depth = require_ring_depth(ring_depth)
     torch = _torch_or_none()

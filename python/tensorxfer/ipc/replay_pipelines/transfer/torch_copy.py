@@ -23,8 +23,10 @@ from tensorxfer.ipc.replay_pipelines.transfer._torch_device import (
 
 
 def _device_events(torch, device, count: int):
-    """``count`` torch.Event objects for ``device``, or None when it has none (the CPU,
-    backends without event support): tried by recording one."""
+    """Makes ``count`` torch.Event objects for ``device``, or returns None if it has none.
+
+    The CPU and backends without event support have none: tried by recording one.
+    """
     if device.type == "cpu":
         return None
     try:
