@@ -61,9 +61,27 @@ SCHEDULE = {
 }
 
 
+# ---- signal_layout_fuzz, descriptor mode: mode, call, two descriptor changes, epoch, lost-rank word ----
+
+
+def lost_rank_input(word: int) -> bytes:
+    """Rank 1 has not arrived (epoch 0) and its lost-rank word says ``word``; rank 0 runs a barrier."""
+    return u8(1) + u8(0x02) + u8(0) + u8(0) + u8(0) + struct.pack("<I", word)
+
+
+SIGNAL_LAYOUT = {
+    # A peer's lost-rank word naming rank 2 of a 2-rank group: rank 0 passed "rank 2 was lost" on
+    # to its own peers. Now CorruptSegment.
+    "lost-rank-word-names-no-rank": lost_rank_input(3),
+}
+
+
 def main() -> None:
     for name, data in SCHEDULE.items():
         (HERE / "regressions" / "schedule_fuzz" / name).write_bytes(data)
+    (HERE / "regressions" / "signal_layout_fuzz").mkdir(exist_ok=True)
+    for name, data in SIGNAL_LAYOUT.items():
+        (HERE / "regressions" / "signal_layout_fuzz" / name).write_bytes(data)
 
 
 if __name__ == "__main__":

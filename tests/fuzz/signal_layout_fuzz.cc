@@ -149,6 +149,9 @@ void descriptor_mode(FuzzInput& input, IpcMemory rank0, IpcMemory& rank1, std::s
   } else {
     ok = tensorxfer::fuzz::accepted("barrier", [&] { communicator->barrier(milliseconds(1)); });
   }
+  // A lost rank rank 0 passes on to its peers is a rank of the group (never a peer's garbage).
+  const uint32_t passed_on = memory.wake_line(0).lost_rank.load(std::memory_order_acquire);
+  TENSORXFER_FUZZ_EXPECT(passed_on <= 2, "rank 0 told its peers that rank ", passed_on, " - 1 was lost");
   // What rank 0 described, as it wrote it into rank 1's array.
   const OpDescriptor mine = rank1.in_lines(1)[0].descriptor[0];
   TENSORXFER_FUZZ_EXPECT(!ok || theirs == mine, "a collective completed although rank 1 described another "
