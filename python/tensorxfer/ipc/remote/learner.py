@@ -10,7 +10,7 @@ process of its own means a producer that makes gloo abort (a message longer than
 receive posted for it) ends its own session, not the learner.  The cost: the relay host is
 one more Python process with torch imported (about 280 MiB resident with torch 2.13 on
 CPU, measured by the soak), started by :meth:`RemoteProducers.serve`; each relay it forks
-shares those pages and adds a few MiB.
+shares those pages copy-on-write.
 
 A session that fails (its socket closed, nothing heard within ``timeout``, a header that
 breaks the protocol, its relay process dying) is reported through
