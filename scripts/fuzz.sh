@@ -56,24 +56,30 @@ for target in "${targets[@]}"; do
   findings=$FUZZ_BUILD/findings/$target
   mkdir -p "$work" "$findings"
   logfile=$FUZZ_BUILD/$target.log
-  # The committed inputs first: each must pass (a fixed finding stays fixed).
-  replay=()
-  for dir in "$regressions" "$seeds"; do
-    [ -d "$dir" ] && while IFS= read -r -d '' file; do replay+=("$file"); done < <(find "$dir" -type f -print0)
-  done
-  if [ ${#replay[@]} -gt 0 ] && ! "$binary" "${limits[@]}" "${replay[@]}" > "$logfile.replay" 2>&1; then
-    tail -n 30 "$logfile.replay" >&2
-    log "$target: a committed input fails (log: $logfile.replay)"
-    failed+=("$target")
-    rows+=("$(printf '%-22s %12s %8s  %s' "$target" "-" "-" "a committed input fails")")
+  # The committed inputs (regressions, seeds) must pass: a fixed finding stays fixed. With
+  # --seconds 0 they are replayed one by one; otherwise libFuzzer runs each of them first, as
+  # part of its corpus, under the same limits (a failure there is a finding like any other).
+  if [ "$seconds" = 0 ]; then
+    replay=()
+    for dir in "$regressions" "$seeds"; do
+      [ -d "$dir" ] && while IFS= read -r -d '' file; do replay+=("$file"); done < <(find "$dir" -type f -print0)
+    done
+    if [ ${#replay[@]} -gt 0 ] && ! "$binary" "${limits[@]}" "${replay[@]}" > "$logfile.replay" 2>&1; then
+      tail -n 30 "$logfile.replay" >&2
+      log "$target: a committed input fails (log: $logfile.replay)"
+      failed+=("$target")
+      rows+=("$(printf '%-22s %12s %8s  %s' "$target" "-" "-" "a committed input fails")")
+    else
+      rows+=("$(printf '%-22s %12s %8s  %s' "$target" "${#replay[@]}" "-" "replayed")")
+    fi
     continue
   fi
-  [ "$seconds" = 0 ] && { rows+=("$(printf '%-22s %12s %8s  %s' "$target" "${#replay[@]}" "-" "replayed")"); continue; }
   log "$target: fuzzing for $seconds s"
   status=0
-  # New inputs go to the first directory (the working corpus, kept between runs); the seeds are read.
+  # New inputs go to the first directory (the working corpus, kept between runs); the seeds and
+  # the regressions are read.
   corpora=("$work")
-  [ -d "$seeds" ] && corpora+=("$seeds")
+  for dir in "$seeds" "$regressions"; do [ -d "$dir" ] && corpora+=("$dir"); done
   (cd "$findings" && "$binary" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 \
      -artifact_prefix="$findings/" "${corpora[@]}") > "$logfile" 2>&1 || status=$?
   executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logfile" | tail -n 1)
