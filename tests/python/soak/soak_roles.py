@@ -151,11 +151,13 @@ def rank_main(spec: Dict[str, Any]) -> Dict[str, Any]:
     last_report = 0.0
     try:
         while True:
-            stop = torch.tensor([1 if os.path.exists(spec["stop"]) else 0])
-            dist.all_reduce(stop, group=gloo)  # both ranks leave at the same step
-            if int(stop) != 0:
+            # Both ranks decide together (each by its own clock, then the larger): leave, or refit now.
+            flags = torch.tensor([1 if os.path.exists(spec["stop"]) else 0,
+                                  1 if time.monotonic() >= next_refit else 0], dtype=torch.int64)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo)
+            if int(flags[0]) != 0:
                 break
-            if time.monotonic() >= next_refit:
+            if int(flags[1]) != 0:
                 version = status["refits"]
                 for i, tensor in enumerate(sources):
                     tensor.fill_(float(version * 10 + rank * 1000 + i))
@@ -165,7 +167,7 @@ def rank_main(spec: Dict[str, Any]) -> Dict[str, Any]:
                     if not bool(torch.all(tensor == expected)):
                         raise AssertionError(f"refit {version}: destination {i} is not {expected}")
                 status["refits"] += 1
-                next_refit += spec["refit_ms"] / 1000
+                next_refit = max(next_refit + spec["refit_ms"] / 1000, time.monotonic())
             size = ALL_REDUCE_SIZES[step % len(ALL_REDUCE_SIZES)]
             values = torch.arange(size, dtype=torch.float32) % 97 + rank * 3 + step % 5
             dist.all_reduce(values)
