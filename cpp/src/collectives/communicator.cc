@@ -230,6 +230,10 @@ void Communicator::check_peers(int& lost) {
     // acquire: pairs with the release in record_lost_rank.
     const uint32_t lost_word = memory_.wake_line(r).lost_rank.load(std::memory_order_acquire);
     if (lost_word != 0) {
+      // Rank r wrote it, so it is checked like any shared word: a rank number + 1, or a corrupt segment
+      // (never passed on to the other peers, never an int overflow).
+      TENSORXFER_CHECK(CorruptSegment, lost_word <= static_cast<uint32_t>(world_size()), "Communicator: rank ", r,
+                       "'s lost-rank word is ", lost_word, ", expected 0 (none) or a rank + 1 in 1..", world_size());
       lost = static_cast<int>(lost_word) - 1;
       throw PeerLost(detail::concat("Communicator: rank ", lost, " was lost (rank ", r,
                                     " noticed and gave up); rank ", me, " cannot complete the collective"));

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define TENSORXFER_X86_KERNELS 1
 #endif
@@ -212,6 +213,17 @@ void avx512_reduce(ReduceOp op, const void* const* sources, int count, int divis
 }  // namespace tensorxfer::collectives::half_kernels
 
 namespace tensorxfer::collectives {
+namespace {
+
+#ifdef TENSORXFER_X86_KERNELS
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know "f16c" in __builtin_cpu_supports.
+bool cpu_has_f16c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
+}  // namespace
 
 bool half_kernels_supported(HalfKernels kernels) noexcept {
   switch (kernels) {
@@ -219,7 +231,7 @@ bool half_kernels_supported(HalfKernels kernels) noexcept {
     case HalfKernels::kPortable: return true;
 #ifdef TENSORXFER_X86_KERNELS
     case HalfKernels::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
     case HalfKernels::kAvx512: return __builtin_cpu_supports("avx512f") && half_kernels_supported(HalfKernels::kAvx2);
 #else
     case HalfKernels::kAvx2:

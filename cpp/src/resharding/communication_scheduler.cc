@@ -11,17 +11,22 @@
 namespace tensorxfer::resharding {
 namespace {
 
-// Which iterations a rank already sends (or receives) in.
+// Which iterations a rank already sends (or receives) in, and the first one it does not: every
+// iteration before first_free() is busy, so a search for a free one starts there (without it, one
+// pair's n batches cost n^2 / 2 steps to place).
 class BusyIterations {
  public:
   bool busy(uint32_t iteration) const noexcept { return iteration < busy_.size() && busy_[iteration]; }
+  uint32_t first_free() const noexcept { return first_free_; }
   void mark(uint32_t iteration) {
     if (iteration >= busy_.size()) busy_.resize(iteration + 1, false);
     busy_[iteration] = true;
+    while (busy(first_free_)) ++first_free_;
   }
 
  private:
   std::vector<bool> busy_;
+  uint32_t first_free_ = 0;
 };
 
 }  // namespace
@@ -45,7 +50,8 @@ Schedule schedule_batches(std::vector<ScheduledBatch> batches, int world_size) {
   for (ScheduledBatch& batch : batches) {
     BusyIterations& source = sending[static_cast<std::size_t>(batch.src_rank)];
     BusyIterations& destination = receiving[static_cast<std::size_t>(batch.dest_rank)];
-    uint32_t iteration = 0;
+    // The earliest iteration free for both (the same one a scan from 0 finds).
+    uint32_t iteration = std::max(source.first_free(), destination.first_free());
     while (source.busy(iteration) || destination.busy(iteration)) ++iteration;
     source.mark(iteration);
     destination.mark(iteration);

@@ -10,6 +10,11 @@
 namespace tensorxfer::resharding {
 namespace {
 
+// The most segments one schedule may hold: 2^22, 16 TiB of tasks in the default 4 MiB slots (the
+// smallest slot, 64 bytes, gives 256 MiB). Sizes come from what every rank declared; one that lies
+// (2^60 bytes) would otherwise have the builder allocate and sort segments without end.
+constexpr uint64_t kMaxScheduleSegments = uint64_t{1} << 22;
+
 void check_limits(const BatchLimits& limits) {
   TENSORXFER_CHECK(InvalidArgument, limits.slot_nbytes >= kSegmentAlignment && limits.slot_nbytes % kSegmentAlignment == 0,
                    "slot_nbytes must be a positive multiple of ", kSegmentAlignment, ", got ", limits.slot_nbytes);
@@ -29,9 +34,11 @@ struct PendingBatch {
 
 // Best-fit decreasing packing of one pair's segments.
 std::vector<PendingBatch> pack_pair(std::vector<TaskSegment> segments, const BatchLimits& limits) {
+  // Largest first, compared unsigned: a segment may hold up to slot_nbytes, which may pass 2^63.
   std::sort(segments.begin(), segments.end(), [](const TaskSegment& a, const TaskSegment& b) {
-    return std::make_tuple(-static_cast<int64_t>(aligned(a.nbytes)), a.task_id, a.task_offset) <
-           std::make_tuple(-static_cast<int64_t>(aligned(b.nbytes)), b.task_id, b.task_offset);
+    const uint64_t a_need = aligned(a.nbytes), b_need = aligned(b.nbytes);
+    if (a_need != b_need) return a_need > b_need;
+    return std::tie(a.task_id, a.task_offset) < std::tie(b.task_id, b.task_offset);
   });
   std::vector<PendingBatch> batches;
   // Room left -> batch index, for the batches that can still take a segment.
@@ -64,10 +71,25 @@ std::vector<PendingBatch> pack_pair(std::vector<TaskSegment> segments, const Bat
 std::vector<std::pair<MatchedTask, TaskSegment>> segment_tasks(const std::vector<MatchedTask>& tasks,
                                                                const BatchLimits& limits) {
   check_limits(limits);
-  std::vector<std::pair<MatchedTask, TaskSegment>> segments;
+  // Count first, before anything is allocated for them (and without an offset that could wrap).
+  uint64_t count = 0;
+  const MatchedTask* largest = nullptr;
   for (const MatchedTask& task : tasks) {
     if (task.src_rank == task.dest_rank) continue;
-    for (uint64_t offset = 0; offset < task.nbytes; offset += limits.slot_nbytes) {
+    count += task.nbytes / limits.slot_nbytes + (task.nbytes % limits.slot_nbytes != 0 ? 1 : 0);
+    if (largest == nullptr || task.nbytes > largest->nbytes) largest = &task;
+    TENSORXFER_CHECK(InvalidArgument, count <= kMaxScheduleSegments, "the tasks need more than ",
+                     kMaxScheduleSegments, " segments of slot_nbytes ", limits.slot_nbytes,
+                     ", the most one schedule holds (the largest task so far, task_id=", largest->task_id, ", has ",
+                     largest->nbytes, " bytes): a rank declared a wrong size, or the slots are too small");
+  }
+  std::vector<std::pair<MatchedTask, TaskSegment>> segments;
+  segments.reserve(static_cast<std::size_t>(count));
+  for (const MatchedTask& task : tasks) {
+    if (task.src_rank == task.dest_rank) continue;
+    const uint64_t pieces = task.nbytes / limits.slot_nbytes + (task.nbytes % limits.slot_nbytes != 0 ? 1 : 0);
+    for (uint64_t k = 0; k < pieces; ++k) {
+      const uint64_t offset = k * limits.slot_nbytes;  // < task.nbytes: no overflow
       const uint64_t nbytes = std::min(limits.slot_nbytes, task.nbytes - offset);
       segments.emplace_back(task, TaskSegment{task.task_id, offset, nbytes, 0});
     }

@@ -36,6 +36,19 @@ The transport is torch.distributed point-to-point over gloo (TCP between hosts):
 one two-rank group per producer session, made on the rendezvous store
 (``tensorxfer.ipc.remote.rendezvous``), so a restarted producer never needs
 the old group.
+
+Who may join (``SECURITY.md`` beside this file says it in full):
+
+* Every session is admitted before it gets a gloo pair or a ring slot: a join
+  record that decodes, this protocol version, within ``timeout``
+  (:mod:`tensorxfer.ipc.remote.handshake`).  Whatever else reaches the port
+  (nothing, random bytes, one byte a second, huge sizes) is refused and logged
+  (logger ``tensorxfer.ipc.remote``), and the other producers go on.
+* With a shared secret (``token=`` on both sides, or ``TENSORXFER_REMOTE_TOKEN``
+  in both environments) only producers that answer an HMAC-SHA256 challenge are
+  admitted, and the learner proves it holds the secret too.
+* Nothing is encrypted: slots travel in clear over TCP, and torch's store itself
+  accepts anyone who reaches its port.  Keep the port on a private network.
 """
 
 from tensorxfer.ipc.remote.learner import ProducerStats, RemoteProducers

@@ -1,36 +1,47 @@
 """RemoteProducers: the learner's side of remote producers (see :mod:`tensorxfer.ipc.remote`).
 
-One relay thread per producer session.  It attaches to the learner's ring as a
-local producer and holds ``credits`` free ring slots for its remote producer,
-with a receive posted straight into each: gloo lets the producer's bytes leave
-only into a posted receive, so these receives are the producer's credits.  When a
-slot's header arrives (after its bytes, on the same stream) the relay publishes
-that slot, so ``acquire_ready`` never sees a slot before all its bytes are there,
-and holds the next free slot.  A session that fails (its socket closed, nothing
-heard within ``timeout``, a header that breaks the protocol) is reported through
-:meth:`SlotRing.report_peer_lost` and its unfilled slots go back to the ring.
+Each producer session is first admitted (:mod:`tensorxfer.ipc.remote.handshake`) on a
+thread of its own, so a connection that joins and then stalls delays nobody else.  An
+admitted session gets a relay (:mod:`tensorxfer.ipc.remote.relay`): a process forked by
+the learner's relay host (:mod:`tensorxfer.ipc.remote.relay_host`) that attaches to the
+ring as a local producer, holds ``credits`` slots for its producer with a gloo receive
+posted into each, and publishes a slot once all its bytes are there.  A relay in a
+process of its own means a producer that makes gloo abort (a message longer than the
+receive posted for it) ends its own session, not the learner.  The cost: the relay host is
+one more Python process with torch imported (about 280 MiB resident with torch 2.13 on
+CPU, measured by the soak), started by :meth:`RemoteProducers.serve`; each relay it forks
+shares those pages copy-on-write.
+
+A session that fails (its socket closed, nothing heard within ``timeout``, a header that
+breaks the protocol, its relay process dying) is reported through
+:meth:`SlotRing.report_peer_lost`, and its unfilled slots go back to the ring.  Every
+refusal and every loss is logged (logger ``tensorxfer.ipc.remote``, level WARNING).
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
-import datetime
+import logging
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
-from tensorxfer import _core
 from tensorxfer._arguments import check_int
-from tensorxfer._tensor import native_view
-from tensorxfer.ipc.remote import protocol
+from tensorxfer.ipc.remote import handshake, protocol
 from tensorxfer.ipc.remote.protocol import JoinRecord, RingInfo
+from tensorxfer.ipc.remote.relay_host import RelayHost
 from tensorxfer.ipc.remote.rendezvous import open_store, parse_init_method
 from tensorxfer.ipc.slot_ring import SlotRing
 
 _POLL_S = 0.02
+# Sessions admitted at once (each on its own thread); a join beyond this is refused at once.
+MAX_JOINING = 16
+# Refused sessions kept for RemoteProducers.refusals (the count of all is refused_count).
+_REFUSALS_KEPT = 64
+_log = logging.getLogger("tensorxfer.ipc.remote")
 # Servers still open, closed at exit (a gloo group alive at finalisation aborts the process).
 _OPEN: "weakref.WeakSet[RemoteProducers]" = weakref.WeakSet()
 
@@ -41,14 +52,6 @@ def _close_at_exit() -> None:
         server.close()
 
 
-class _SessionEnded(Exception):
-    """A session's relay stops without a loss to report (the producer said bye, or the learner closes)."""
-
-
-class _ProtocolError(Exception):
-    """The producer sent something the protocol does not allow."""
-
-
 @dataclass
 class ProducerStats:
     """What one session delivered (``RemoteProducers.stats``)."""
@@ -57,176 +60,29 @@ class ProducerStats:
     session: int
     slots: int = 0
     bytes: int = 0
-    state: str = "joining"  # joining | active | closed | lost
+    state: str = "joining"  # joining | active | closed | lost (refused sessions: refused)
     reason: str = ""
     started: float = field(default_factory=time.monotonic)
 
 
 class _Session:
-    """One producer's relay: its gloo pair, its proxy producer on the ring, the slots it holds."""
+    """One admitted producer: its record, what its relay (a process of the relay host) reported."""
 
-    def __init__(self, owner: "RemoteProducers", record: JoinRecord) -> None:
-        self.owner = owner
+    def __init__(self, record: JoinRecord) -> None:
         self.record = record
         self.stats = ProducerStats(record.name, record.session)
-        self.group: Any = None
-        self.close_lock = threading.Lock()
-        self.close_work: Any = None  # the CLOSE message's send (it holds its tensor)
-        self.thread = threading.Thread(target=self.run, name=f"tensorxfer-relay-{record.session}", daemon=True)
-
-    # ---- the relay ----------------------------------------------------------------
-
-    def run(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        owner = self.owner
-        proxy: Optional[SlotRing] = None
-        try:
-            # A store client of its own: the group's rendezvous blocks in store waits, which would
-            # hold up the other sessions' rendezvous on a shared client.
-            client = owner._client_store()
-            store = dist.PrefixStore(f"{owner._prefix}session/{self.record.session}/", client)
-            self.group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=owner.timeout))
-            del store, client
-            proxy = SlotRing.attach(owner._ring.handle)
-            arrays = [proxy.slot_array(slot) for slot in range(proxy.depth)]
-            # gloo writes the producer's bytes through this new mapping: its page tables are made
-            # now, not by a fault on every page of the first pass (contents unchanged: other
-            # producers may be writing their slots).
-            for array in arrays:
-                _core.populate_host_pages(native_view(array, "slot"), "slot")
-            views = [torch.from_numpy(array) for array in arrays]
-            reserved: Deque[Tuple[int, Any]] = collections.deque()
-            self.stats.state = "active"
-            self.hold(proxy, views, reserved, owner.credits)
-            # A header receive posted for every slot the producer may send and two more (heartbeat,
-            # bye): a header never waits for a receive, which would cost gloo a round trip.
-            headers: Deque[Tuple[Any, Any]] = collections.deque()
-            for _ in range(owner.credits + 2):
-                buffer = torch.zeros(protocol.HEADER_WORDS, dtype=torch.int64)
-                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
-            expected_sequence = 0
-            wait = datetime.timedelta(seconds=owner.timeout)
-            data_wait = wait / 2
-            while True:
-                buffer, pending = headers.popleft()
-                pending.wait(wait)
-                kind, sequence, tick_word, nbytes = buffer.tolist()
-                if kind == protocol.KIND_HEARTBEAT:
-                    headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
-                    continue
-                if kind == protocol.KIND_BYE:
-                    raise _SessionEnded("closed")
-                if kind != protocol.KIND_DATA:
-                    raise _ProtocolError(f"sent a header of unknown kind {kind}")
-                if sequence != expected_sequence:
-                    raise _ProtocolError(f"sent slot sequence {sequence}, expected {expected_sequence} "
-                                         "(its slots must arrive in publish order)")
-                if not 1 <= nbytes <= owner.slot_nbytes:
-                    raise _ProtocolError(f"announced {nbytes} bytes for a slot of {owner.slot_nbytes} bytes")
-                if not reserved:
-                    raise _ProtocolError("sent a slot without a credit")
-                slot, received = reserved.popleft()
-                # Every byte is in the slot after this wait.  They normally came before the header; they
-                # come after it only when they waited for this receive.  gloo does not fail a receive
-                # whose bytes are arriving when the link breaks (only those not started), so this wait
-                # is the loss's backstop: half the timeout, so the loss is still reported within it.
-                try:
-                    received.wait(data_wait)
-                except Exception as error:  # noqa: BLE001 - reported as what it means for this producer
-                    raise RuntimeError(f"the bytes of its slot {sequence} stopped arriving for "
-                                       f"{data_wait.total_seconds():g} s (its host died or its link broke: "
-                                       f"{str(error).splitlines()[0]})") from None
-                proxy.publish(slot, protocol.tick_from_wire(tick_word))
-                # The hand-off is done: the bookkeeping comes after it.
-                expected_sequence += 1
-                self.stats.slots += 1
-                self.stats.bytes += nbytes
-                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
-                self.hold(proxy, views, reserved, 1)
-        except _SessionEnded as ended:
-            self.stats.state, self.stats.reason = "closed", str(ended)
-        except BaseException as error:  # noqa: BLE001 - every failure of a session is that producer's loss
-            self.lost(error)
-        finally:
-            self.finish(proxy)
-
-    def hold(self, proxy: SlotRing, views: List[Any], reserved: Deque[Tuple[int, Any]], count: int) -> None:
-        """Holds ``count`` more free ring slots for the producer and posts a receive into each.
-
-        Each slot so held is a credit. Waiting for the learner to free slots is the
-        back-pressure.
-        """
-        for _ in range(count):
-            while True:
-                if self.owner._stopping.is_set():  # no more credits: the producer answers CLOSE with bye
-                    self.request_close()
-                    return
-                try:
-                    slot = proxy.acquire_free(timeout=_POLL_S)
-                    break
-                except TimeoutError:
-                    continue
-            reserved.append((slot, self.group.recv([views[slot]], 1, protocol.TAG_DATA)))
-
-    def lost(self, error: BaseException) -> None:
-        if isinstance(error, _ProtocolError):
-            reason = f"broke the protocol: it {error}"
-        elif isinstance(error, (KeyboardInterrupt, SystemExit)):
-            reason = f"relay interrupted ({type(error).__name__})"
-        else:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        self.stats.state, self.stats.reason = "lost", reason
-        if self.owner._stopping.is_set():
-            return  # the learner is closing: nothing to report to
-        message = (f"{self.record.describe()} lost: {reason}; {self.stats.slots} of its slots were "
-                   f"delivered whole, none of its unfinished ones")
-        try:
-            self.owner._ring.report_peer_lost(message)
-        except Exception:  # noqa: BLE001 - the learner closed its ring: it no longer reads losses
-            pass
-
-    def finish(self, proxy: Optional[SlotRing]) -> None:
-        # The gloo pair goes first, so no receive can land in a slot after it is handed back.
-        group, self.group = self.group, None
-        if group is not None:
-            try:
-                group.abort()
-            except Exception:  # noqa: BLE001 - best effort; dropping it closes the sockets anyway
-                pass
-        self.close_work = None
-        del group
-        if proxy is not None:
-            proxy.close()  # the slots still held for writing go back to the ring, unpublished
-
-    def request_close(self) -> None:
-        """Tells the producer that the learner closes; its calls then raise PeerLostError.
-
-        The producer answers bye, and the relay still takes what it sent before, so the
-        link closes with nothing unread.
-        """
-        import torch
-
-        if self.group is None:
-            return  # still joining: the relay sends it once the group is up (hold)
-        with self.close_lock:
-            if self.close_work is not None:
-                return
-            try:
-                self.close_work = self.group.send([torch.tensor([protocol.CONTROL_CLOSE], dtype=torch.int64)], 1,
-                                                  protocol.TAG_CONTROL)
-            except Exception:  # noqa: BLE001 - a producer already gone needs no notice
-                self.close_work = False
+        self.ended = threading.Event()  # its relay reported its end, or its process exited
 
 
 class RemoteProducers:
     """Feeds a learner's :class:`~tensorxfer.ipc.SlotRing` from producers on other hosts. Build it with :meth:`serve`."""
 
-    def __init__(self, ring: SlotRing, store: Any, address: str, prefix: str, credits: int, timeout: float) -> None:
+    def __init__(self, ring: SlotRing, store: Any, address: str, prefix: str, credits: int, timeout: float,
+                 token: Optional[bytes]) -> None:
         self._ring = ring
         self._store = store
         self._prefix = prefix
+        self._token = token
         #: The address producers connect to (``tcp://HOST:PORT``), with the port the store got.
         self.init_method = address
         #: Slots each producer may have in flight.
@@ -236,14 +92,19 @@ class RemoteProducers:
         self.slot_nbytes = ring.slot_nbytes
         self._stopping = threading.Event()
         self._sessions: Dict[int, _Session] = {}
+        self._joining: Dict[int, threading.Thread] = {}  # sessions being admitted
+        self._refusals: Deque[ProducerStats] = collections.deque(maxlen=_REFUSALS_KEPT)
+        self._stale_verdicts: Deque[Tuple[float, int]] = collections.deque()  # (when to delete, session)
+        self.refused_count = 0
         self._lock = threading.Lock()
         self._accepted = 0
         self._closed = False
+        self._host: Optional[RelayHost] = None
         self._acceptor = threading.Thread(target=self._accept, name="tensorxfer-relay-accept", daemon=True)
 
     @classmethod
     def serve(cls, ring: SlotRing, init_method: Optional[str] = None, *, credits: int = 2, timeout: float = 30.0,
-              key: str = "ring") -> "RemoteProducers":
+              key: str = "ring", token: Union[str, bytes, None] = None) -> "RemoteProducers":
         """Accepts remote producers into ``ring`` until :meth:`close`.
 
         Args:
@@ -253,55 +114,167 @@ class RemoteProducers:
                 ``MASTER_PORT``, as torchrun sets them.
             credits: ring slots each producer may have in flight (1..depth).
             timeout: seconds of silence after which a producer is reported lost (producers
-                send heartbeats 4 times as often).
+                send heartbeats 4 times as often), and the most each step of a producer's
+                admission may take.
             key: names this ring among several served on one store (default ``"ring"``);
                 producers pass the same to ``RemoteSlotRing.connect``.
+            token: a shared secret of at least 16 bytes (default:
+                ``$TENSORXFER_REMOTE_TOKEN`` if set): only producers that prove they hold it
+                are admitted (an HMAC challenge-response, see
+                ``tensorxfer/ipc/remote/handshake.py`` and ``SECURITY.md`` beside it: it does
+                not encrypt).
 
         Returns:
             The running relay; close it (or use it as a context manager) before the ring.
 
         Raises:
-            ValueError: ``ring`` is not this process's own ring, or ``credits`` is out of
-                range.
+            ValueError: ``ring`` is not this process's own ring, ``credits`` is out of
+                range, or the token is shorter than 16 bytes.
         """
         if not isinstance(ring, SlotRing) or not ring.is_consumer:
             raise ValueError("ring must be a SlotRing this process created (its consumer)")
         credits = check_int(credits, "credits (at most the ring's depth)", 1, ring.depth)
         timeout = protocol.check_seconds(timeout, "timeout")
         prefix = protocol.store_prefix(key)
+        secret = handshake.resolve_token(token)
         store, address = open_store(init_method, serve=True, timeout=timeout)
         store.set(prefix + "info", RingInfo(ring.name, ring.slot_nbytes, credits, timeout).encode())
-        server = cls(ring, store, address, prefix, credits, timeout)
+        server = cls(ring, store, address, prefix, credits, timeout, secret)
+        server._relay_host()  # it imports torch meanwhile: the first relay starts at once
         server._acceptor.start()
         _OPEN.add(server)
         return server
 
-    def _client_store(self) -> Any:
-        import torch.distributed as dist
-
-        host, port = parse_init_method(self.init_method)
-        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=self.timeout))
+    def _relay_host(self) -> "RelayHost":
+        """The relay host, started anew if the last one exited."""
+        with self._lock:
+            if self._host is None:
+                self._host = RelayHost(self._on_event)
+            return self._host
 
     # ---- producers --------------------------------------------------------------------
 
     def _accept(self) -> None:
+        """Counts the joins and starts each session's thread; never waits on one producer."""
         joins_key = self._prefix + "joins"
         while not self._stopping.wait(_POLL_S):
             try:
                 joined = int(self._store.add(joins_key, 0))
+                self._forget_stale_verdicts()
             except Exception:  # noqa: BLE001 - the store is going away (close)
                 return
             while self._accepted < joined and not self._stopping.is_set():
                 session = self._accepted = self._accepted + 1
-                try:  # a producer writes its record right after counting itself in
-                    record = JoinRecord.decode(session, self._store.get(f"{self._prefix}join/{session}"))
-                except Exception:  # noqa: BLE001 - it died in between, or wrote garbage: skip that session
-                    continue
-                relay = _Session(self, record)
                 with self._lock:
-                    self._sessions[session] = relay
-                relay.thread.start()
+                    busy = len(self._joining) >= MAX_JOINING
+                    if not busy:
+                        thread = threading.Thread(target=self._admit_and_relay, args=(session,),
+                                                  name=f"tensorxfer-relay-{session}", daemon=True)
+                        self._joining[session] = thread
+                if busy:
+                    self._refuse(session, None, f"{MAX_JOINING} other sessions are joining at once",
+                                 write_verdict=True)
+                else:
+                    thread.start()
+
+    def _admit_and_relay(self, session: int) -> None:
+        try:
+            record, reason = handshake.admit(self._store, self._prefix, session, self._ring.name, self._token,
+                                             self.timeout, self._stopping)
+        except Exception as error:  # noqa: BLE001 - the store failed (the learner closes): nothing admitted
+            record, reason = None, f"its admission failed: {str(error).splitlines()[0] if str(error) else error!r}"
+        if reason or record is None or self._stopping.is_set():
+            with self._lock:
+                self._joining.pop(session, None)
+            if not self._stopping.is_set():
+                self._refuse(session, record, reason)
+            return
+        relayed = _Session(record)
+        host, port = parse_init_method(self.init_method)
+        spec = {"session": session, "ring": self._ring.name, "host": host, "port": port, "prefix": self._prefix,
+                "credits": self.credits, "timeout": self.timeout, "slot_nbytes": self.slot_nbytes}
+        with self._lock:
+            self._joining.pop(session, None)
+            self._sessions[session] = relayed
+        if not self._relay_host().command(start=session, spec=spec):
+            self._session_lost(relayed, "the learner's relay host is gone")
+
+    # ---- what the relays report ----------------------------------------------------------
+
+    def _on_event(self, event: Dict[str, Any]) -> None:
+        """Runs on the relay host's reader thread, for every event of every relay."""
+        kind = event.get("event")
+        if kind == "host-exit":
+            with self._lock:
+                self._host = None
+                unfinished = [relayed for relayed in self._sessions.values() if not relayed.ended.is_set()]
+            for relayed in unfinished:
+                self._session_lost(relayed, f"the learner's relay host exited (status {event.get('status')})")
+            return
+        with self._lock:
+            found = self._sessions.get(int(event.get("session", -1)))
+        if found is None or found.ended.is_set():
+            return
+        relayed = found
+        stats = relayed.stats
+        if kind == "active":
+            stats.state = "active"
+            # The producer read its verdict before it made its side of the pair.
+            handshake.forget_verdict(self._store, self._prefix, relayed.record.session)
+        elif kind in ("progress", "end"):
+            stats.slots, stats.bytes = int(event.get("slots", 0)), int(event.get("bytes", 0))
+            if kind == "end":
+                if event.get("state") == "closed":
+                    stats.state, stats.reason = "closed", str(event.get("reason", ""))
+                    relayed.ended.set()
+                else:
+                    self._session_lost(relayed, str(event.get("reason", "")))
+        elif kind == "exit":
+            status = int(event.get("status", 0))
+            how = f"signal {-status}" if status < 0 else f"exit status {status}"
+            self._session_lost(relayed, f"its relay process died ({how}; gloo aborts a process on a message "
+                                        "longer than the receive posted for it)")
+
+    def _session_lost(self, relayed: _Session, reason: str) -> None:
+        relayed.stats.state, relayed.stats.reason = "lost", reason
+        relayed.ended.set()
+        if self._stopping.is_set():
+            return  # the learner is closing: nothing to report to
+        message = (f"{relayed.record.describe()} lost: {reason}; {relayed.stats.slots} of its slots were "
+                   f"delivered whole, none of its unfinished ones")
+        _log.warning("remote ring %r: %s", self._ring.name, message)
+        try:
+            self._ring.report_peer_lost(message)
+        except Exception:  # noqa: BLE001 - the learner closed its ring: it no longer reads losses
+            pass
+
+    def _refuse(self, session: int, record: Optional[JoinRecord], reason: str, write_verdict: bool = False) -> None:
+        """Logs and counts a refused session.
+
+        Its verdict (written by the admission, or here) is removed once the producer had
+        time to read it.
+        """
+        who = record.describe() if record is not None else f"session {session}"
+        _log.warning("remote ring %r: refused %s: %s", self._ring.name, who, reason)
+        if write_verdict:
+            handshake.refuse(self._store, self._prefix, session, reason)
+        stats = ProducerStats(record.name if record is not None else "?", session, state="refused", reason=reason)
+        with self._lock:
+            self._refusals.append(stats)
+            self.refused_count += 1
+            self._stale_verdicts.append((time.monotonic() + self.timeout, session))
+
+    def _forget_stale_verdicts(self) -> None:
+        now = time.monotonic()
+        while self._stale_verdicts and self._stale_verdicts[0][0] <= now:
+            _, session = self._stale_verdicts.popleft()
+            handshake.forget_verdict(self._store, self._prefix, session)
+
+    @property
+    def refusals(self) -> List[ProducerStats]:
+        """The most recent refused sessions (up to 64; ``refused_count`` counts them all)."""
+        with self._lock:
+            return list(self._refusals)
 
     @property
     def stats(self) -> List[ProducerStats]:
@@ -342,14 +315,18 @@ class RemoteProducers:
             pass
         with self._lock:
             sessions = list(self._sessions.values())
-        for session in sessions:
-            session.request_close()
+            joining = list(self._joining.values())
+            host = self._host
         deadline = time.monotonic() + self.timeout
-        for session in sessions:
-            session.thread.join(max(0.0, deadline - time.monotonic()))
-            if session.thread.is_alive() and session.group is not None:
-                session.group.abort()  # its wait fails now; the thread hands the slots back
-                session.thread.join(5.0)
+        for thread in joining:  # admissions see _stopping within a poll and end
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if host is not None:
+            # Every relay tells its producer (which answers bye) and hands its slots back; the host
+            # then exits. Relays not done by the deadline are killed: the ring reclaims their slots.
+            host.command(close="all")
+            for relayed in sessions:
+                relayed.ended.wait(max(0.0, deadline - time.monotonic()))
+            host.close(max(1.0, deadline - time.monotonic()))
         self._acceptor.join(5.0)
         self._store = None
 

@@ -17,17 +17,18 @@ import collections
 import contextlib
 import datetime
 import os
+import secrets
 import socket
 import threading
 import time
 import weakref
-from typing import Any, Deque, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from tensorxfer._arguments import UINT64_MAX, check_int
 from tensorxfer.errors import ClosedError, PeerLostError, check_timeout
-from tensorxfer.ipc.remote import protocol
+from tensorxfer.ipc.remote import handshake, protocol
 from tensorxfer.ipc.remote.protocol import JoinRecord, RingInfo
 from tensorxfer.ipc.remote.rendezvous import open_store
 
@@ -85,7 +86,7 @@ class RemoteSlotRing:
 
     @classmethod
     def connect(cls, init_method: Optional[str] = None, *, name: Optional[str] = None, timeout: float = 30.0,
-                key: str = "ring") -> "RemoteSlotRing":
+                key: str = "ring", token: Union[str, bytes, None] = None) -> "RemoteSlotRing":
         """Joins the learner's ring served at ``init_method`` as a producer.
 
         A producer that died may connect again: it is a new session.
@@ -93,31 +94,38 @@ class RemoteSlotRing:
         Args:
             init_method: ``"tcp://HOST:PORT"``, or ``"env://"`` / ``None`` for
                 ``MASTER_ADDR`` and ``MASTER_PORT``.
-            name: labels this producer in the learner's errors (default ``host:pid``).
+            name: labels this producer in the learner's errors (default ``host:pid``; at
+                most 256 characters).
             timeout: seconds to wait for the learner.
             key: which of the learner's served rings to join: the ``key`` given to
                 ``RemoteProducers.serve`` (default ``"ring"``).
+            token: the learner's shared secret (default: ``$TENSORXFER_REMOTE_TOKEN`` if
+                set); with one, the learner must prove it holds it too.
 
         Raises:
             TimeoutError: no learner answered within ``timeout`` (or ``RuntimeError``,
                 as torch's store reports it).
             tensorxfer.PeerLostError: the learner has closed.
+            PermissionError: the learner refuses this producer (another protocol version,
+                a missing or wrong token) or cannot prove it holds the token.
         """
         import torch.distributed as dist
 
         timeout = protocol.check_seconds(timeout, "timeout")
-        host = socket.gethostname()
+        secret = handshake.resolve_token(token)
+        host = socket.gethostname()[:256]
         name = f"{host}:{os.getpid()}" if name is None else name
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise ValueError(f"name must be a non-empty str of at most 256 characters, got {name!r}")
         prefix = protocol.store_prefix(key)
+        deadline = time.monotonic() + timeout
         store, address = open_store(init_method, serve=False, timeout=timeout)
         info = RingInfo.decode(store.get(prefix + "info"))
         if store.check([prefix + "closed"]):
             raise PeerLostError(f"the learner at {address} has closed its ring {info.ring!r}")
         session = int(store.add(prefix + "joins", 1))
-        record = JoinRecord(session, name, host, os.getpid())
-        store.set(f"{prefix}join/{session}", record.encode())
+        record = JoinRecord(session, name, host, os.getpid(), nonce=secrets.token_hex(16))
+        handshake.join(store, prefix, record, info.ring, secret, address, deadline)
         group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}session/{session}/", store), 1, 2,
                                       datetime.timedelta(seconds=timeout))
         return cls(store, group, info, record, address)

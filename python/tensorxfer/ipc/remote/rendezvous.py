@@ -9,6 +9,12 @@
   the variables ``torchrun`` sets.  Under ``torchrun`` (where
   ``TORCHELASTIC_USE_AGENT_STORE=True``) the agent already serves that store, so
   the learner connects to it like everyone else.
+
+Anyone who reaches that port reaches the store: the learner admits each producer
+session itself (:mod:`tensorxfer.ipc.remote.handshake`; with a shared-secret
+token, an HMAC challenge-response), but nothing here encrypts, and the store has
+no authentication of its own.  ``SECURITY.md`` beside this file says what is and
+is not protected.
 """
 
 from __future__ import annotations
