@@ -42,7 +42,7 @@ DEFAULT_SLOT_NBYTES = 4 << 20
 
 
 class DoubleBufferManager:
-    """Two send and two receive slots of ``slot_nbytes`` per rank, in an IpcMemory every rank maps.
+    """Two send and two receive slots of ``slot_nbytes`` per rank, in an IpcMemory.
 
     Every rank of ``group`` maps it. Collective: every rank constructs it together.
 
@@ -159,9 +159,19 @@ class PipelineExecutor:
     """Executes a schedule with pack/send/unpack overlap over double-buffered slots."""
 
     def __init__(self, kernel_launcher: Any, buffer_manager: DoubleBufferManager, my_pe: int) -> None:
-        """A :class:`HostKernelLauncher` with a host ``DoubleBufferManager``, or a CUDA launcher with a CUDA one.
+        """Pairs a kernel launcher with a buffer manager of its kind.
 
-        The CUDA launcher is a :class:`~tensorxfer.resharding.cuda_pipeline.CudaKernelLauncher`.
+        Args:
+            kernel_launcher: a :class:`HostKernelLauncher` with a host ``DoubleBufferManager``,
+                or a :class:`~tensorxfer.resharding.cuda_pipeline.CudaKernelLauncher` with a
+                CUDA one.
+            buffer_manager: the slots.
+            my_pe: this process's rank in the buffer manager's group.
+
+        Raises:
+            ValueError: ``my_pe`` is not this process's rank, or the launcher is not of
+                the buffer manager's kind.
+            tensorxfer.ClosedError: the buffer manager is closed.
         """
         buffer_manager._ensure_open()
         if my_pe != buffer_manager.group.rank:
