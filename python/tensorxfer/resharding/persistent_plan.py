@@ -32,8 +32,12 @@ barrier tags every run carries: a cheap check, two words per rank per barrier.
 Backends: ``shm`` (the native plan: same-rank pairs copied once, sources in a sender's
 shared send buffer read once by their receiver, everything else through the pipeline's
 slots, two copies) and ``local`` (same-rank copies only, one native call). The ``mpi`` and
-``torch`` backends get a plan that submits its ops again on every run (same results, none
-of the speed).
+``torch`` backends plan across hosts, however the ranks are placed: inside each host the
+``shm`` plan of that host's ranks (the same-rank copies alone on a host of one rank),
+between hosts streams on the service's own transport (gloo through its process group, or
+MPI); :attr:`PersistentPlan.hosts` and :attr:`PersistentPlan.routes` describe them. Where
+any rank's ops hold a device tensor, they get a plan that submits its ops again on every
+run (same results, none of the speed).
 """
 
 from __future__ import annotations
