@@ -20,7 +20,8 @@ def build_copy_service(backend: str, group: Any = None, **options: Any) -> CopyS
     """A copy service of the named backend: ``"local"``, ``"mpi"``, ``"torch"`` or ``"shm"``.
 
     Args:
-        backend: the backend's name (a key of :data:`~tensorxfer.resharding.copy_services.factory.BACKENDS`).
+        backend: the backend's name (a key of
+            :data:`~tensorxfer.resharding.copy_services.factory.BACKENDS`).
         group: ``None`` means: for ``"torch"`` and ``"shm"`` the default torch.distributed
             group (``"shm"`` also takes a LocalGroup or an mpi4py communicator of one
             host's ranks), for ``"mpi"`` ``MPI.COMM_WORLD`` (else pass an mpi4py

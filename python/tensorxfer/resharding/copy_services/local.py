@@ -1,9 +1,10 @@
 """``LocalCopyService``: the copy service of one process (same-rank ops only).
 
 Sends and receives are matched strictly by task id
-(:func:`~tensorxfer.resharding.copy_services.match_local_ops_by_task_id`) and copied by the native copy engine (GIL
-released) when both sides are contiguous host tensors, else by numpy/torch:
-the submit queue, the matching and the copies are those of the other backends.
+(:func:`~tensorxfer.resharding.copy_services.match_local_ops_by_task_id`) and
+copied by the native copy engine (GIL released) when both sides are contiguous
+host tensors, else by numpy/torch: the submit queue, the matching and the copies
+are those of the other backends.
 """
 
 from __future__ import annotations
