@@ -93,8 +93,10 @@ class CudaKernelLauncher:
 
 
 def split_spans(source: np.ndarray, destination: np.ndarray, sizes: np.ndarray, piece: int) -> np.ndarray:
-    """(k, 3) uint64 rows (source, destination, nbytes): each span cut into pieces of at most
-    ``piece`` bytes (one block of the kernel copies one row), empty spans dropped."""
+    """(k, 3) uint64 rows (source, destination, nbytes): each span cut into pieces of at most ``piece`` bytes.
+
+    One block of the kernel copies one row; empty spans are dropped.
+    """
     sizes = sizes.astype(np.int64)
     pieces = np.maximum(1, -(-sizes // piece))
     owner = np.repeat(np.arange(len(sizes)), pieces)
@@ -112,7 +114,8 @@ def span_rows(segments: np.ndarray, memory: np.ndarray, slot: int, into_slot: bo
     ``segments`` are the batch's (task_id, task_offset, size, slot_offset) rows,
     ``memory`` the side's (task_id, address, size) rows (every task id present:
     the plan was checked), ``slot`` the slot's address; packing copies task
-    memory into the slot, unpacking the other way."""
+    memory into the slot, unpacking the other way.
+    """
     if len(segments) == 0:
         return np.zeros((0, 3), np.uint64)
     order = np.argsort(memory[:, 0], kind="stable")
@@ -156,8 +159,10 @@ class CudaPipeline:
         self._plan_table: Optional[Tuple[Any, ...]] = None  # (key, entries, table, extents) of the last plan
 
     def set_streams(self, given: Dict[str, Tuple[Any, Any]]) -> None:
-        """``given[name]`` = (raw stream, torch stream) for pack, unpack, send and copy; None keeps the
-        executor's own. A pair given twice must be the same CUDA stream."""
+        """``given[name]`` = (raw stream, torch stream) for pack, unpack, send and copy.
+
+        None keeps the executor's own. A pair given twice must be the same CUDA stream.
+        """
         torch = self._torch
         chosen = {}
         for name, (raw, wrapped) in given.items():
@@ -184,8 +189,11 @@ class CudaPipeline:
         return self.buffers.slot_address(pe, position)
 
     def _plan_table_for(self, entries: List[Tuple[Any, bool, int]]) -> Tuple[Any, List[Tuple[int, int]]]:
-        """_table(entries), reused while the launcher's requests and every native batch object are the
-        same as last time (PipelineExecutor converts an unchanged batch to the same object)."""
+        """_table(entries), reused while what it was built from is unchanged.
+
+        Reused while the launcher's requests and every native batch object are the same as
+        last time (PipelineExecutor converts an unchanged batch to the same object).
+        """
         launcher = self.launcher
         key = (id(launcher), launcher.version, [(id(native), into, slot) for native, into, slot in entries])
         cached = self._plan_table

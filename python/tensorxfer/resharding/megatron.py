@@ -7,7 +7,7 @@ Megatron is imported). It pays three copies of its own per op every refit
 ``run()``) and a submit per op. :func:`build_refit_plan` takes the same ``ReshardPlan``
 and modules and returns a :class:`~tensorxfer.resharding.persistent_plan.PersistentPlan`
 whose runs move each slice in place, from the source parameter into the destination
-parameter:
+parameter::
 
     from megatron.core.resharding import build_centralized_reshard_plan
     from tensorxfer.resharding.megatron import build_refit_plan
@@ -31,9 +31,19 @@ from tensorxfer.resharding.persistent_plan import SERVICE_TIMEOUT, PersistentPla
 
 
 def refit_ops(reshard_plan: Any, src_module: Any, dst_module: Any) -> Tuple[List[Any], List[Any]]:
-    """(sends, recvs) of a Megatron ReshardPlan as (task_id, parameter slice, peer) tuples, the
-    ops execute_reshard_plan submits (ops of parameters a module does not have are skipped,
-    as there), with views of the parameters instead of copies."""
+    """(sends, recvs) of a Megatron ReshardPlan as (task_id, parameter slice, peer) tuples.
+
+    The ops execute_reshard_plan submits (ops of parameters a module does not have are
+    skipped, as there), with views of the parameters instead of copies.
+
+    Args:
+        reshard_plan: Megatron's ``ReshardPlan``.
+        src_module: the module whose parameters are sent.
+        dst_module: the module whose parameters receive.
+
+    Returns:
+        ``(sends, recvs)``, lists of ``(task_id, parameter slice, peer)`` tuples.
+    """
     src_params: Dict[str, Any] = dict(src_module.named_parameters(recurse=True))
     dst_params: Dict[str, Any] = dict(dst_module.named_parameters(recurse=True))
     sends = [(op.task_id, src_params[op.param_name].data[op.my_slice], op.peer_rank)
@@ -45,9 +55,27 @@ def refit_ops(reshard_plan: Any, src_module: Any, dst_module: Any) -> Tuple[List
 
 def build_refit_plan(reshard_plan: Any, src_module: Any, dst_module: Any, service: Any,
                      timeout: Any = SERVICE_TIMEOUT) -> PersistentPlan:
-    """A persistent plan of Megatron's ``ReshardPlan`` (from
-    ``build_centralized_reshard_plan(src_module, dst_module)``) between the two modules, on
-    a tensorxfer copy service (collective: every rank of the service calls it)."""
+    """A persistent plan of Megatron's ``ReshardPlan`` between the two modules.
+
+    Collective: every rank of the service calls it.
+
+    Args:
+        reshard_plan: Megatron's ``ReshardPlan``, from
+            ``build_centralized_reshard_plan(src_module, dst_module)``.
+        src_module: the module whose parameters are sent.
+        dst_module: the module whose parameters receive.
+        service: a tensorxfer copy service.
+        timeout: as for
+            :func:`~tensorxfer.resharding.persistent_plan.build_persistent_plan`.
+
+    Returns:
+        The :class:`~tensorxfer.resharding.persistent_plan.PersistentPlan`; call its
+        ``run()`` every step.
+
+    Raises:
+        TypeError: ``reshard_plan`` is not Megatron's ReshardPlan (no ``send_ops`` /
+            ``recv_ops``).
+    """
     for field in ("send_ops", "recv_ops"):
         if not hasattr(reshard_plan, field):
             raise TypeError(f"reshard_plan: expected Megatron's ReshardPlan (send_ops, recv_ops), got "

@@ -2,7 +2,7 @@
 
 A refit copies the same weights between the same layouts after every training step. A
 copy service's ``run()`` pays for every task each time (a submit call, torch's attribute
-reads, matching or at least comparing the pattern). A :class:`PersistentPlan` pays that once:
+reads, matching or at least comparing the pattern). A :class:`PersistentPlan` pays that once::
 
     plan = build_persistent_plan(service, sends, recvs)   # collective, once
     for step in range(steps):
@@ -32,8 +32,12 @@ barrier tags every run carries: a cheap check, two words per rank per barrier.
 Backends: ``shm`` (the native plan: same-rank pairs copied once, sources in a sender's
 shared send buffer read once by their receiver, everything else through the pipeline's
 slots, two copies) and ``local`` (same-rank copies only, one native call). The ``mpi`` and
-``torch`` backends get a plan that submits its ops again on every run (same results, none
-of the speed).
+``torch`` backends plan across hosts, however the ranks are placed: inside each host the
+``shm`` plan of that host's ranks (the same-rank copies alone on a host of one rank),
+between hosts streams on the service's own transport (gloo through its process group, or
+MPI); :attr:`PersistentPlan.hosts` and :attr:`PersistentPlan.routes` describe them. Where
+any rank's ops hold a device tensor, they get a plan that submits its ops again on every
+run (same results, none of the speed).
 """
 
 from __future__ import annotations
@@ -49,13 +53,16 @@ from tensorxfer import _core
 from tensorxfer.errors import ClosedError, TensorxferError
 
 _UINT64_MAX = (1 << 64) - 1
-#: run()'s timeout when not given: the service's.
+#: run()'s timeout when not given (the service's).
 SERVICE_TIMEOUT: Any = object()
 
 
 class PersistentPlanError(TensorxferError):
-    """A persistent plan's run failed; ``landed_version`` is the last version that fully
-    landed on every rank (None: none did), ``version`` the one that failed."""
+    """A persistent plan's run failed.
+
+    ``landed_version`` is the last version that fully landed on every rank (None: none
+    did), ``version`` the one that failed.
+    """
 
     def __init__(self, message: str, landed_version: Optional[int], version: int) -> None:
         super().__init__(message)
@@ -82,8 +89,19 @@ def _ops(ops: Iterable[Any], peer_field: str, argument: str) -> Tuple[List[Optio
 
 
 def describe_views(tensors: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:
-    """(meta, dims) of host tensors for the native builder: meta rows (address, itemsize,
-    ndim), dims rows (size, stride in bytes), ``ndim`` of them per tensor, in order."""
+    """(meta, dims) of host tensors for the native builder.
+
+    Args:
+        tensors: numpy arrays or CPU torch tensors.
+
+    Returns:
+        ``(meta, dims)``: meta rows (address, itemsize, ndim), dims rows (size, stride in
+        bytes), ``ndim`` of them per tensor, in order.
+
+    Raises:
+        ValueError: a torch tensor not on the CPU.
+        TypeError: neither a numpy array nor a torch tensor.
+    """
     meta = np.zeros((len(tensors), 3), np.uint64)
     dims: List[Tuple[int, int]] = []
     torch = sys.modules.get("torch")
@@ -122,8 +140,10 @@ def _layouts(tensors: Sequence[Any]) -> List[Tuple[int, Tuple[int, ...], Tuple[i
 
 
 class StepsRunner:
-    """Runs a plan's native copy lists (``_core.PersistentSteps``): through the shm
-    executor's barriers, or, without an executor, the same-rank copies alone."""
+    """Runs a plan's native copy lists (``_core.PersistentSteps``).
+
+    Through the shm executor's barriers, or, without an executor, the same-rank copies alone.
+    """
 
     def __init__(self, steps: Any, plan_id: int, executor: Any = None, engine: Any = None) -> None:
         self.steps = steps
@@ -146,9 +166,11 @@ class StepsRunner:
 
 
 class PersistentPlan:
-    """A batch of sends and receives resolved once (see the module docstring). Built by
-    :func:`build_persistent_plan`; ``run()`` is collective when any rank moves bytes
-    between processes."""
+    """A batch of sends and receives resolved once (see the module docstring).
+
+    Built by :func:`build_persistent_plan`; ``run()`` is collective when any rank moves
+    bytes between processes.
+    """
 
     def __init__(self, service: Any, sends: List[Any], recvs: List[Any], runner: Any = None) -> None:
         self.service = service
@@ -171,15 +193,19 @@ class PersistentPlan:
 
     @property
     def hosts(self) -> Optional[List[List[int]]]:
-        """The ranks of each host the plan spans (found by probing shared memory), on the
-        backends that plan across hosts (``torch``, ``mpi``); None elsewhere."""
+        """The ranks of each host the plan spans (found by probing shared memory).
+
+        On the backends that plan across hosts (``torch``, ``mpi``); None elsewhere.
+        """
         return getattr(self._runner, "hosts", None)
 
     @property
     def routes(self) -> List[Tuple[int, Tuple[int, ...], int]]:
-        """The plan's streams between hosts, the same list on every rank: (sender,
-        receivers, bytes per run). Several receivers form a chain: the sender sends to the
-        first, each receiver forwards to the next (replicas of the same source bytes)."""
+        """The plan's streams between hosts, as (sender, receivers, bytes per run) tuples.
+
+        The same list on every rank. Several receivers form a chain: the sender sends to the
+        first, each receiver forwards to the next (replicas of the same source bytes).
+        """
         return list(getattr(self._runner, "routes", []))
 
     @property
@@ -190,12 +216,21 @@ class PersistentPlan:
     def run(self, version: Optional[int] = None, timeout: Any = SERVICE_TIMEOUT) -> int:
         """Moves every task once (collective), in place; returns the version that landed.
 
-        ``version``: this run's weight version, the same on every rank (default: the last
-        plus 1, from 0). ``timeout``: seconds the whole run may wait for its peers, one deadline
-        for all of its barriers (default: the service's; None: no deadline, still watching the
-        peers and Ctrl-C).
-        Raises PersistentPlanError naming ``landed_version`` when the run fails; the plan
-        cannot run again then. ClosedError after close().
+        Args:
+            version: this run's weight version, the same on every rank (default: the last
+                plus 1, from 0).
+            timeout: seconds the whole run may wait for its peers, one deadline for all of
+                its barriers (default: the service's; None: no deadline, still watching the
+                peers and Ctrl-C).
+
+        Returns:
+            The version that landed.
+
+        Raises:
+            PersistentPlanError: the run failed (the error names ``landed_version``); the
+                plan cannot run again then.
+            tensorxfer.ClosedError: after close().
+            TypeError: ``version`` is not an int in [0, 2**64).
         """
         if self._closed:
             raise ClosedError("PersistentPlan is closed")
@@ -236,8 +271,14 @@ class PersistentPlan:
         service.run() if timeout is SERVICE_TIMEOUT else service.run(timeout)
 
     def verify(self) -> None:
-        """Raises ValueError naming the first tensor whose address, shape or strides changed
-        since the plan was built (reads every tensor's attributes: a check, not a run step)."""
+        """Checks that every tensor kept the address, shape and strides it had when the plan was built.
+
+        Reads every tensor's attributes: a check, not a run step.
+
+        Raises:
+            ValueError: naming the first tensor whose address, shape or strides changed
+                since the plan was built.
+        """
         if self._layouts is None:
             return
         for side, tensors, layouts in (("send", self._sends, self._layouts[0]), ("receive", self._recvs,
@@ -269,12 +310,27 @@ class PersistentPlan:
 
 def build_persistent_plan(service: Any, sends: Iterable[Any], recvs: Iterable[Any],
                           timeout: Any = SERVICE_TIMEOUT) -> PersistentPlan:
-    """A :class:`PersistentPlan` of ``sends`` ((task_id, tensor, dest_rank) tuples or SendOp)
-    and ``recvs`` ((task_id, tensor, src_rank) or RecvOp) on ``service`` (collective for a
-    multi-process service: every rank builds its plan together, as for run()).
+    """A :class:`PersistentPlan` of ``sends`` and ``recvs`` on ``service``.
 
-    Checked as run() checks a batch (same-rank pairs by task id, byte sizes agreed on every
-    rank before anything is planned): TaskMismatchError / RuntimeError on every rank.
+    Collective for a multi-process service: every rank builds its plan together, as for
+    run(). The ops are checked as run() checks a batch (same-rank pairs by task id, byte
+    sizes agreed on every rank before anything is planned).
+
+    Args:
+        service: a tensorxfer copy service (a
+            :class:`~tensorxfer.resharding.copy_services.CopyService`).
+        sends: (task_id, tensor, dest_rank) tuples or SendOp.
+        recvs: (task_id, tensor, src_rank) tuples or RecvOp.
+        timeout: seconds building may wait for the peers (default: the service's).
+
+    Returns:
+        The plan; run it with :meth:`PersistentPlan.run`.
+
+    Raises:
+        ~tensorxfer.resharding.copy_services.TaskMismatchError: the ops do not pair up
+            (on every rank).
+        RuntimeError: the checks failed otherwise (on every rank).
+        TypeError: ``service`` is not a tensorxfer CopyService.
     """
     from tensorxfer.resharding.copy_services.base import CopyService
     from tensorxfer.resharding.copy_services.local import LocalCopyService

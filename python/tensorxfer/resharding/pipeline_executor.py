@@ -42,17 +42,27 @@ DEFAULT_SLOT_NBYTES = 4 << 20
 
 
 class DoubleBufferManager:
-    """Two send and two receive slots of ``slot_nbytes`` per rank, in an IpcMemory
-    every rank of ``group`` maps. Collective: every rank constructs it together.
+    """Two send and two receive slots of ``slot_nbytes`` per rank, in an IpcMemory.
 
-    ``device``: ``"cpu"`` (shared memory; the host executor) or ``"cuda"`` /
-    ``"cuda:N"`` (GPU memory mapped through CUDA IPC; the CUDA executor,
-    :mod:`tensorxfer.resharding.cuda_pipeline`)."""
+    Every rank of ``group`` maps it. Collective: every rank constructs it together.
+
+    Args:
+        group: the ranks (a LocalGroup).
+        slot_nbytes: bytes of one slot.
+        timeout: seconds to wait for the peers while constructing (and, on a GPU, in
+            the collective close).
+        device: ``"cpu"`` (shared memory; the host executor) or ``"cuda"`` /
+            ``"cuda:N"`` (GPU memory mapped through CUDA IPC; the CUDA executor,
+            ``tensorxfer.resharding.cuda_pipeline``, with a :class:`CudaKernelLauncher`).
+    """
 
     def __init__(self, group: LocalGroup, slot_nbytes: int = DEFAULT_SLOT_NBYTES, *,
                  timeout: Optional[float] = None, device: str = "cpu") -> None:
-        """``slot_nbytes`` and the kind of device are compared between ranks (``ValueError``
-        on every rank naming both values); a rank whose construction fails makes every rank's fail."""
+        """``slot_nbytes`` and the kind of device are compared between ranks.
+
+        A difference is a ``ValueError`` on every rank naming both values; a rank whose
+        construction fails makes every rank's fail.
+        """
         def region_nbytes() -> int:  # checked inside the exchange: a bad argument fails every rank
             if isinstance(slot_nbytes, bool) or not isinstance(slot_nbytes, int) or slot_nbytes < 64 or slot_nbytes % 64:
                 raise ValueError(f"slot_nbytes: expected a positive multiple of 64, got {slot_nbytes!r}")
@@ -82,8 +92,10 @@ class DoubleBufferManager:
             raise ClosedError("DoubleBufferManager is closed")
 
     def send_slot(self, index: int) -> Any:
-        """This rank's send slot 0 or 1, as uint8 (for inspection and tests): numpy, or a
-        torch tensor on the GPU that does not keep the mapping alive."""
+        """This rank's send slot 0 or 1, as uint8 (for inspection and tests).
+
+        numpy, or a torch tensor on the GPU that does not keep the mapping alive.
+        """
         return self._slot(self.group.rank, index)
 
     def recv_slot(self, index: int) -> Any:
@@ -91,8 +103,10 @@ class DoubleBufferManager:
         return self._slot(self.group.rank, 2 + index)
 
     def slot_address(self, rank: int, position: int) -> int:
-        """Where rank ``rank``'s slot ``position`` (0, 1: send; 2, 3: receive) is mapped in this
-        process; valid while open."""
+        """Where rank ``rank``'s slot ``position`` (0, 1: send; 2, 3: receive) is mapped in this process.
+
+        Valid while open.
+        """
         return self._regions[rank] + position * self.slot_nbytes
 
     def _slot(self, rank: int, position: int) -> Any:
@@ -103,8 +117,10 @@ class DoubleBufferManager:
         return region[position]
 
     def close(self) -> None:
-        """Unmaps the slots (host views taken before stay readable until dropped). On a GPU
-        it is collective, like ``IpcMemory.close``."""
+        """Unmaps the slots (host views taken before stay readable until dropped).
+
+        On a GPU it is collective, like ``IpcMemory.close``.
+        """
         self.memory.close()
 
 
@@ -143,8 +159,20 @@ class PipelineExecutor:
     """Executes a schedule with pack/send/unpack overlap over double-buffered slots."""
 
     def __init__(self, kernel_launcher: Any, buffer_manager: DoubleBufferManager, my_pe: int) -> None:
-        """A :class:`HostKernelLauncher` with a host ``DoubleBufferManager``, or a
-        :class:`~tensorxfer.resharding.cuda_pipeline.CudaKernelLauncher` with a CUDA one."""
+        """Pairs a kernel launcher with a buffer manager of its kind.
+
+        Args:
+            kernel_launcher: a :class:`HostKernelLauncher` with a host ``DoubleBufferManager``,
+                or a :class:`~tensorxfer.resharding.cuda_pipeline.CudaKernelLauncher` with a
+                CUDA one.
+            buffer_manager: the slots.
+            my_pe: this process's rank in the buffer manager's group.
+
+        Raises:
+            ValueError: ``my_pe`` is not this process's rank, or the launcher is not of
+                the buffer manager's kind.
+            tensorxfer.ClosedError: the buffer manager is closed.
+        """
         buffer_manager._ensure_open()
         if my_pe != buffer_manager.group.rank:
             raise ValueError(f"my_pe: expected this process's rank {buffer_manager.group.rank}, got {my_pe}")
@@ -170,12 +198,25 @@ class PipelineExecutor:
     def set_streams(self, pack_stream: Any = None, unpack_stream: Any = None, send_stream: Any = None,
                     copy_stream: Any = None, torch_pack_stream: Any = None, torch_unpack_stream: Any = None,
                     torch_copy_stream: Any = None) -> None:
-        """The CUDA streams to run on (CUDA executor): packs on ``pack_stream``, unpacks on
-        ``unpack_stream``, puts on ``send_stream``, self-moves on ``copy_stream``; each a torch,
-        cuda.core or cupy stream or a handle. A ``torch_*`` stream is the torch view of the
-        same stream (``ValueError`` when both of a pair are given and differ). None keeps the
-        executor's own stream. The host executor packs and unpacks on its own host streams,
-        so there every argument must be None (``UnsupportedError`` otherwise)."""
+        """The CUDA streams to run on (CUDA executor).
+
+        Each stream is a torch, cuda.core or cupy stream or a handle; None keeps the
+        executor's own stream. The host executor packs and unpacks on its own host
+        streams, so there every argument must be None.
+
+        Args:
+            pack_stream: packs run on it.
+            unpack_stream: unpacks run on it.
+            send_stream: puts run on it.
+            copy_stream: self-moves run on it.
+            torch_pack_stream: the torch view of the same stream as ``pack_stream``.
+            torch_unpack_stream: the torch view of the same stream as ``unpack_stream``.
+            torch_copy_stream: the torch view of the same stream as ``copy_stream``.
+
+        Raises:
+            ValueError: both of a pair are given and differ.
+            tensorxfer.UnsupportedError: a stream given to the host executor.
+        """
         pairs = {"pack": (pack_stream, torch_pack_stream), "unpack": (unpack_stream, torch_unpack_stream),
                  "send": (send_stream, None), "copy": (copy_stream, torch_copy_stream)}
         if self._cuda is not None:
@@ -185,8 +226,13 @@ class PipelineExecutor:
                                    "device streams need a DoubleBufferManager(device='cuda')")
 
     def set_events(self, pack_events: Optional[List[Any]], unpack_events: Optional[List[Any]]) -> None:
-        """Two torch.cuda.Event each, recorded after packing (unpacking) iteration i as
-        ``events[i % 2]`` (CUDA executor). On the host both must be None or empty."""
+        """Two torch.cuda.Event each, recorded after packing (unpacking) iteration i as ``events[i % 2]``.
+
+        For the CUDA executor. On the host both must be None or empty.
+
+        Raises:
+            tensorxfer.UnsupportedError: events given to the host executor.
+        """
         if self._cuda is not None:
             self._cuda.set_events(pack_events, unpack_events)
         elif pack_events or unpack_events:
@@ -204,9 +250,7 @@ class PipelineExecutor:
 
     def execute_pipeline(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: int,
                          timeout: Optional[float] = None, *, agree: bool = True) -> None:
-        """Runs ``num_iterations`` iterations (collective; the same count on every
-        rank). ``iter_schedules[i]`` is ``{"send": batch or None, "recv": batch or
-        None}`` (``TransferSchedule.iteration_schedules``).
+        """Runs ``num_iterations`` iterations (collective; the same count on every rank).
 
         Every field is checked before anything moves, with a ``ValueError``
         naming it: a send starts at this rank and a receive ends here, the peer
@@ -215,13 +259,25 @@ class PipelineExecutor:
         ``batch_index``, ``total_size`` fits the slot, and every task's
         ``task_offset``/``size`` lies inside its request and ``slot_offset``/``size``
         inside the batch, without overlapping another task in the slot.
-        :class:`tensorxfer.errors.ClosedError` after ``DoubleBufferManager.close()``;
-        TimeoutError / tensorxfer.PeerLostError from the barriers.
 
         With ``agree`` (the default) the ranks then compare their plans in one
         all-gather: the same ``num_iterations``, and every batch received
         exactly as its sender sends it. A failed check on any rank is a
-        ``ValueError`` on every rank, still before anything moves."""
+        ``ValueError`` on every rank, still before anything moves.
+
+        Args:
+            iter_schedules: ``iter_schedules[i]`` is ``{"send": batch or None, "recv":
+                batch or None}`` (``TransferSchedule.iteration_schedules``).
+            num_iterations: the same on every rank.
+            timeout: seconds to wait for the peers in the barriers (None: no deadline).
+            agree: compare the plans between ranks first (see above).
+
+        Raises:
+            ValueError: a failed check (see above).
+            tensorxfer.errors.ClosedError: after ``DoubleBufferManager.close()``.
+            TimeoutError: from the barriers.
+            tensorxfer.PeerLostError: from the barriers.
+        """
         self.buffer_manager._ensure_open()
         self._batches.start()
         error: Optional[BaseException] = None
@@ -272,8 +328,11 @@ class PipelineExecutor:
 
     def _agree_on_plan(self, iter_schedules: List[Dict[str, Optional[ScheduledBatch]]], num_iterations: Any,
                        error: Optional[BaseException], timeout: Optional[float]) -> None:
-        """All-gathers every rank's check result and batch digests; raises ValueError on every rank
-        unless every rank's plan is valid and the senders and receivers of every batch agree."""
+        """All-gathers every rank's check result and batch digests.
+
+        Raises ValueError on every rank unless every rank's plan is valid and the senders
+        and receivers of every batch agree.
+        """
         batches = []
         for i, step in enumerate(iter_schedules):
             for role in ("send", "recv"):
@@ -332,9 +391,13 @@ class PipelineExecutor:
 
     def process_self_moves(self, send_requests: Sequence[SendRequest],
                            receive_requests: Sequence[ReceiveRequest]) -> None:
-        """Copies the requests whose source and destination are this rank
-        (``dest_pe == src_pe == my_pe``), matched by task id; a receive with no
-        send, or sizes that differ, raise ValueError naming the task."""
+        """Copies the requests whose source and destination are this rank (``dest_pe == src_pe == my_pe``).
+
+        The sends and receives are matched by task id.
+
+        Raises:
+            ValueError: naming the task, for a receive with no send, or sizes that differ.
+        """
         me = self.my_pe
         sends = {r.task_id: r for r in send_requests if r.dest_pe == me}
         receives = [r for r in receive_requests if r.src_pe == me]

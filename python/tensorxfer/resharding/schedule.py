@@ -53,8 +53,11 @@ class ReceiveRequest:
 
 @dataclass(frozen=True)
 class BatchTask:
-    """Bytes ``[task_offset, task_offset + size)`` of task ``task_id`` travel at
-    ``slot_offset`` of the batch's slot (64-byte aligned)."""
+    """One segment of a batch: a task's bytes and where they travel in the slot.
+
+    Bytes ``[task_offset, task_offset + size)`` of task ``task_id`` travel at
+    ``slot_offset`` of the batch's slot (64-byte aligned).
+    """
 
     task_id: int
     task_offset: int
@@ -64,8 +67,11 @@ class BatchTask:
 
 @dataclass
 class ScheduledBatch:
-    """What ``src_pe`` packs for ``dest_pe`` in ``iteration``; ``batch_index``
-    numbers the batches of that pair from 0, ``total_size`` is the packed extent."""
+    """What ``src_pe`` packs for ``dest_pe`` in ``iteration``.
+
+    ``batch_index`` numbers the batches of that pair from 0, ``total_size`` is the
+    packed extent.
+    """
 
     src_pe: int
     dest_pe: int
@@ -83,9 +89,15 @@ class TransferSchedule:
     batches: List[ScheduledBatch]
 
     def iteration_schedules(self, pe: int) -> List[Dict[str, Optional[ScheduledBatch]]]:
-        """Per iteration, the batch rank ``pe`` sends and the one it receives
-        (``{"send": batch or None, "recv": batch or None}``), the form
-        ``PipelineExecutor.execute_pipeline`` takes."""
+        """Per iteration, the batch rank ``pe`` sends and the one it receives.
+
+        Args:
+            pe: the rank.
+
+        Returns:
+            One ``{"send": batch or None, "recv": batch or None}`` per iteration, the form
+            ``PipelineExecutor.execute_pipeline`` takes.
+        """
         schedules: List[Dict[str, Optional[ScheduledBatch]]] = [
             {"send": None, "recv": None} for _ in range(self.num_iterations)
         ]
@@ -114,13 +126,23 @@ def build_schedule(sends: Rows, receives: Rows, world_size: int, *, slot_nbytes:
                    max_tasks_per_batch: int = MAX_TASKS_PER_BATCH) -> TransferSchedule:
     """Computes the schedule from every rank's gathered metadata.
 
-    ``sends`` and ``receives`` hold rows ``(task_id, nbytes, src_rank, dest_rank)``
-    (a send is declared by its ``src_rank``, a receive by its ``dest_rank``).
-    ``slot_nbytes`` (a multiple of 64) bounds a batch; ``max_tasks_per_batch``
-    bounds its segments. Same-rank tasks are not scheduled: the executor copies
-    them with ``process_self_moves``. Raises ``ValueError`` naming the task for
-    a missing or duplicated counterpart, a size or rank disagreement, and for
-    invalid limits.
+    Same-rank tasks are not scheduled: the executor copies them with
+    ``process_self_moves``.
+
+    Args:
+        sends: rows ``(task_id, nbytes, src_rank, dest_rank)`` (a send is declared by
+            its ``src_rank``).
+        receives: rows of the same form (a receive is declared by its ``dest_rank``).
+        world_size: the number of ranks.
+        slot_nbytes: bounds a batch (a multiple of 64).
+        max_tasks_per_batch: bounds a batch's segments.
+
+    Returns:
+        The :class:`TransferSchedule`, identical on every rank for the same metadata.
+
+    Raises:
+        ValueError: naming the task for a missing or duplicated counterpart, a size or
+            rank disagreement; and for invalid limits.
     """
     num_iterations, raw_batches = _core.build_transfer_schedule(
         _as_rows(sends, "sends"), _as_rows(receives, "receives"), int(world_size), int(slot_nbytes),

@@ -1,5 +1,7 @@
 """Batched send/recv of many tensors by task id (``tensorxfer.resharding.copy_services``).
 
+Every rank of the group runs::
+
     from tensorxfer.resharding.copy_services import build_copy_service
     with build_copy_service("torch") as service:          # or "mpi", "local"
         for task_id, tensor, peer in my_sends:

@@ -3,7 +3,7 @@
 Every backend queues ``SendOp`` / ``RecvOp`` entries through ``submit_send`` /
 ``submit_recv`` and moves them all in ``run()``. A task id is shared by the
 send and the receive of one transfer; same-rank pairs are matched strictly by
-:func:`match_local_ops_by_task_id`.
+:func:`~tensorxfer.resharding.copy_services.match_local_ops_by_task_id`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ class RecvOp:
 
 
 class TaskMismatchError(RuntimeError):
-    """The sends and receives of a batch do not pair up: a task id with a send
-    but no receive (or the reverse), or a send and a receive of different byte
-    sizes. Raised on every rank of the batch before any byte moves."""
+    """The sends and receives of a batch do not pair up.
+
+    A task id with a send but no receive (or the reverse), or a send and a receive
+    of different byte sizes. Raised on every rank of the batch before any byte moves.
+    """
 
 
 def match_local_ops_by_task_id(
@@ -51,12 +53,23 @@ def match_local_ops_by_task_id(
 ) -> List[Tuple[Any, Any]]:
     """Pair same-rank send/recv ops by task_id, raising on any mismatch.
 
-    Returns ``(send_op, recv_op)`` tuples in receive order. Either op may be a
-    backend-local wrapper exposing ``.task_id``. The pairing is the one matcher
-    the remote pairs go through (``resharding/task_matcher.h``). Raises
-    ``TaskMismatchError`` (a ``RuntimeError``), checked in this order: a ``None``
-    task id on either side; different counts or a duplicate id; a receive whose
-    task id no send has.
+    The pairing is the one matcher the remote pairs go through
+    (``resharding/task_matcher.h``).
+
+    Args:
+        local_sends: the same-rank sends; either op may be a backend-local wrapper
+            exposing ``.task_id``.
+        local_recvs: the same-rank receives (the same).
+        backend_name: names the backend in the errors.
+        rank: this rank, named in the errors.
+
+    Returns:
+        ``(send_op, recv_op)`` tuples in receive order.
+
+    Raises:
+        TaskMismatchError: a ``RuntimeError``; checked in this order: a ``None`` task id
+            on either side; different counts or a duplicate id; a receive whose task id
+            no send has.
     """
     send_ids = [op.task_id for op in local_sends]
     recv_ids = [op.task_id for op in local_recvs]
@@ -86,8 +99,11 @@ def match_local_ops_by_task_id(
 
 
 def check_timeout(timeout: Optional[float], operation: str = "CopyService") -> Optional[float]:
-    """``timeout`` as float seconds (None = no deadline), by the package's one set of
-    rules (:mod:`tensorxfer.errors`); ValueError / TypeError naming ``operation`` otherwise."""
+    """``timeout`` as float seconds (None = no deadline), by the package's one set of rules.
+
+    The rules are :mod:`tensorxfer.errors`'s; a timeout that breaks them raises ValueError /
+    TypeError naming ``operation``.
+    """
     return _core.check_timeout(timeout, operation)
 
 
@@ -98,10 +114,15 @@ check_task_id = _arguments.check_task_id  # ``value`` as an int task id or None
 def group_rank_and_size(group: Any) -> Tuple[int, int]:
     """This process's rank in ``group`` and the group's size.
 
-    ``group``: an object with int ``rank`` / ``world_size`` attributes (a
-    LocalGroup), an mpi4py communicator, a torch.distributed process group, or
-    None: the default torch.distributed group when it is initialized, else a
-    single process (rank 0 of 1)."""
+    Args:
+        group: an object with int ``rank`` / ``world_size`` attributes (a LocalGroup),
+            an mpi4py communicator, a torch.distributed process group, or None: the
+            default torch.distributed group when it is initialized, else a single
+            process (rank 0 of 1).
+
+    Returns:
+        ``(rank, world_size)``.
+    """
     if group is not None:
         rank, size = getattr(group, "rank", None), getattr(group, "world_size", None)
         if isinstance(rank, int) and isinstance(size, int):
@@ -126,8 +147,9 @@ class CopyService(abc.ABC):
     raise :class:`tensorxfer.ClosedError` when used after it).
 
     ``group``, ``rank`` and ``world_size`` are attributes the base ``__init__``
-    sets from the group (see :func:`group_rank_and_size`); a subclass whose
-    ``__init__`` skips the base's gets the class defaults (None, 0, 1).
+    sets from the group (see
+    :func:`~tensorxfer.resharding.copy_services.base.group_rank_and_size`); a
+    subclass whose ``__init__`` skips the base's gets the class defaults (None, 0, 1).
     """
 
     backend_name = "CopyService"

@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 
 from tensorxfer.resharding.copy_services.base import CopyService
 
-# name -> (module, class), each class built as cls(group, **options). A new backend is one entry here.
+#: name -> (module, class), each class built as ``cls(group, **options)``. A new backend is one entry here.
 BACKENDS: Dict[str, Tuple[str, str]] = {
     "local": ("tensorxfer.resharding.copy_services.local", "LocalCopyService"),
     "mpi": ("tensorxfer.resharding.copy_services.mpi", "MpiCopyService"),
@@ -19,11 +19,21 @@ BACKENDS: Dict[str, Tuple[str, str]] = {
 def build_copy_service(backend: str, group: Any = None, **options: Any) -> CopyService:
     """A copy service of the named backend: ``"local"``, ``"mpi"``, ``"torch"`` or ``"shm"``.
 
-    ``group=None`` means: for ``"torch"`` and ``"shm"`` the default torch.distributed group
-    (``"shm"`` also takes a LocalGroup or an mpi4py communicator of one host's ranks),
-    for ``"mpi"`` ``MPI.COMM_WORLD`` (else pass an mpi4py communicator), for
-    ``"local"`` a single process. ``options`` go to the backend's constructor
-    (e.g. ``timeout``). ValueError names the known backends for an unknown name.
+    Args:
+        backend: the backend's name (a key of
+            :data:`~tensorxfer.resharding.copy_services.factory.BACKENDS`).
+        group: ``None`` means: for ``"torch"`` and ``"shm"`` the default torch.distributed
+            group (``"shm"`` also takes a LocalGroup or an mpi4py communicator of one
+            host's ranks), for ``"mpi"`` ``MPI.COMM_WORLD`` (else pass an mpi4py
+            communicator), for ``"local"`` a single process.
+        **options: go to the backend's constructor (e.g. ``timeout``).
+
+    Returns:
+        The backend's service, built as ``cls(group, **options)``.
+
+    Raises:
+        ValueError: an unknown name (the message names the known backends).
+        TypeError: ``backend`` is not a str.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a name (str), got {type(backend).__name__}")

@@ -1,9 +1,10 @@
 """``LocalCopyService``: the copy service of one process (same-rank ops only).
 
 Sends and receives are matched strictly by task id
-(:func:`match_local_ops_by_task_id`) and copied by the native copy engine (GIL
-released) when both sides are contiguous host tensors, else by numpy/torch:
-the submit queue, the matching and the copies are those of the other backends.
+(:func:`~tensorxfer.resharding.copy_services.match_local_ops_by_task_id`) and
+copied by the native copy engine (GIL released) when both sides are contiguous
+host tensors, else by numpy/torch: the submit queue, the matching and the copies
+are those of the other backends.
 """
 
 from __future__ import annotations
@@ -27,9 +28,16 @@ class LocalRun:
         self._pattern: Optional[OpPattern] = None
 
     def run(self, take: Callable[[], Tuple[Columns, Columns]], timeout: Optional[float]) -> None:
-        """Copies every queued send into the receive of the same task id (``timeout``: unused,
-        nothing waits). Raises TaskMismatchError (match_local_ops_by_task_id's, or a pair
-        of different byte sizes); nothing is copied then."""
+        """Copies every queued send into the receive of the same task id.
+
+        Args:
+            take: returns the queued sends and receives (and empties the queue).
+            timeout: unused, nothing waits.
+
+        Raises:
+            TaskMismatchError: match_local_ops_by_task_id's, or a pair of different byte
+                sizes; nothing is copied then.
+        """
         sends, recvs = take()
         pattern = pattern_for(self._pattern, self.backend_name, self.rank, sends, recvs)
         self._pattern = pattern if pattern.match_error is None else None
@@ -44,6 +52,7 @@ class LocalRun:
             _tensors.copy_pairs(pattern.pairs, sends.tensors, recvs.tensors, send_spans, recv_spans)
 
     def close(self) -> None:
+        """Drops the pattern kept from the last run (the next run matches its ops anew)."""
         self._pattern = None
 
 

@@ -35,11 +35,26 @@ def _mpi() -> Any:
 class MpiCopyService(QueuedCopyService):
     """Batched send/recv by task id over an mpi4py communicator.
 
-    ``comm``: an mpi4py intracommunicator (``group`` is accepted as its alias,
-    matching the CopyService signature); None = ``MPI.COMM_WORLD``. Every rank
-    of the communicator must call ``run()`` for each batch. Host tensors only.
-    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
-    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
+    Every rank of the communicator must call ``run()`` for each batch. Host tensors
+    only. Collective construction: the ranks compare the options.
+
+    Args:
+        comm: an mpi4py intracommunicator; None = ``MPI.COMM_WORLD``.
+        group: accepted as an alias of ``comm``, matching the CopyService signature.
+        timeout: seconds a run waits for its peers (None = forever, still watching
+            same-host peers and Ctrl-C).
+        **options: the window options, the same on every rank (the ranks compare them
+            at construction): ``max_window_tasks`` (default 65536) and
+            ``max_window_bytes`` (default 256 MiB) bound a window; tasks under
+            ``coalesce_bytes`` (default 128 KiB) are packed per peer and window into one
+            message; ``bucket_nbytes`` (default 1 MiB) is the message size of persistent
+            plans between hosts.
+
+    Raises:
+        ImportError: mpi4py or an MPI library is missing.
+        ValueError: ``comm`` and ``group`` name different communicators, or a window
+            option differs between ranks.
+        TypeError: ``comm`` is not an mpi4py intracommunicator.
     """
 
     backend_name = "MpiCopyService"
@@ -66,8 +81,10 @@ class MpiCopyService(QueuedCopyService):
         self._compose(queue, self._protocol)
 
     def close(self) -> None:
-        """Free the private communicators and the persistent plans' shared memory; later calls
-        raise tensorxfer.ClosedError."""
+        """Free the private communicators and the persistent plans' shared memory.
+
+        Later calls raise tensorxfer.ClosedError.
+        """
         if not self._closed:
             self._planner.close()
             self._transport.free(unless_broken=self._protocol.broken is not None)

@@ -12,7 +12,7 @@ backends; the remote tasks then move in two ways:
   per service for every pair (``cma_pairs``; ``python -m tensorxfer info``
   reports the machine-wide answer);
 * any task whose source lies in the sender's shared send buffer
-  (:meth:`ShmCopyService.buffer`, ``buffer_bytes`` at construction): the
+  (``ShmCopyService.buffer()``, ``buffer_bytes`` at construction): the
   receiver copies it straight from that mapping, one user-space copy (about
   twice as fast as cross-memory attach, ``bench/cpp/transport_floor``, and
   permitted wherever the ranks share memory);
@@ -50,7 +50,15 @@ DEFAULT_CMA_MIN_BYTES = 1 << 20
 def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bool]:
     """``group`` as a LocalGroup, and whether this service made it (and closes it).
 
-    None means the default torch.distributed group, as upstream."""
+    Args:
+        group: a LocalGroup (returned as it is), a torch.distributed group, an mpi4py
+            communicator, or None: the default torch.distributed group, as upstream.
+        timeout: for the LocalGroup made here (``timeout=`` of ``LocalGroup.from_torch``
+            / ``LocalGroup.from_mpi``).
+
+    Returns:
+        ``(local_group, made_here)``.
+    """
     if isinstance(group, LocalGroup):
         return group, False
     if group is None:
@@ -63,14 +71,19 @@ def as_local_group(group: Any, timeout: Optional[float]) -> Tuple[LocalGroup, bo
 class ShmCopyService(QueuedCopyService):
     """Batched send/recv among the ranks of one host through shared memory.
 
-    ``group``: a LocalGroup, a torch.distributed group, an mpi4py communicator,
-    or None for the default torch.distributed group. ``slot_nbytes`` sizes the
-    pipeline's slots (a multiple of 64), ``max_tasks_per_batch`` bounds a batch,
-    ``cma_min_bytes`` is where cross-memory attach takes over (None: never; from 2 MiB
-    on only for sources in huge pages).
-    ``buffer_bytes`` sizes this rank's shared send buffer (:meth:`buffer`; the
-    same on every rank, 0 = none).
     Collective construction: every rank of the group builds its service together.
+
+    Args:
+        group: a LocalGroup, a torch.distributed group, an mpi4py communicator, or None
+            for the default torch.distributed group.
+        timeout: seconds a run waits for its peers (None = forever, still watching the
+            peers and Ctrl-C).
+        slot_nbytes: sizes the pipeline's slots (a multiple of 64).
+        max_tasks_per_batch: bounds a batch.
+        cma_min_bytes: where cross-memory attach takes over (None: never; from 2 MiB on
+            only for sources in huge pages).
+        buffer_bytes: sizes this rank's shared send buffer (``buffer()``; the same on
+            every rank, 0 = none).
     """
 
     backend_name = "ShmCopyService"
@@ -112,7 +125,7 @@ class ShmCopyService(QueuedCopyService):
 
     @property
     def cma_pairs(self) -> np.ndarray:
-        """cma_pairs[src, dst]: whether rank dst may read rank src's memory by cross-memory attach."""
+        """Whether rank dst may read rank src's memory by cross-memory attach, as ``cma_pairs[src, dst]``."""
         return self._mover.cma_pairs
 
     @property
@@ -138,14 +151,18 @@ class ShmCopyService(QueuedCopyService):
         Views start at the buffer's first byte; slice the result to hold several
         tensors. Write it between runs only: receivers read it until run()
         returns on every rank.
-        Raises ValueError if ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
+
+        Raises:
+            ValueError: ``shape`` of ``dtype`` does not fit ``buffer_bytes``.
         """
         self._check_open("buffer")
         return self._mover.buffers.view(dtype, shape)
 
     def close(self) -> None:
-        """Unmaps the slots, takes back the ptrace permission and (if this service made
-        it) leaves the group."""
+        """Unmaps the slots, takes back the ptrace permission and leaves the group.
+
+        It leaves the group only if this service made it.
+        """
         if not self._closed:
             self._release()
             super().close()
@@ -178,8 +195,10 @@ class ShmCopyService(QueuedCopyService):
     def _build_persistent(self, send_ids: List[Any], send_tensors: List[Any], send_peers: List[int],
                           recv_ids: List[Any], recv_tensors: List[Any], recv_peers: List[int],
                           timeout: Any) -> Tuple[Any, int, Any, Any]:
-        """The native copy lists of a persistent plan of these ops (collective): same-rank
-        pairs, reads from the peers' send buffers, the pipeline's packs and unpacks."""
+        """The native copy lists of a persistent plan of these ops (collective).
+
+        Same-rank pairs, reads from the peers' send buffers, the pipeline's packs and unpacks.
+        """
         from tensorxfer.resharding import persistent_plan as persistent
 
         self._check_open("persistent_plan")

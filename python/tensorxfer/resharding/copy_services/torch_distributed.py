@@ -31,15 +31,29 @@ from tensorxfer.resharding.copy_services.base import DEFAULT_TIMEOUT
 class TorchDistributedCopyService(QueuedCopyService):
     """Batched send/recv by task id over a torch.distributed process group.
 
-    ``group``: a process group; None = the default group (which must be
-    initialized). Ranks are ranks of ``group``. Every rank of the group must
-    call ``run()`` for each batch. numpy arrays are sent as CPU tensors.
-    ``timeout``: see :class:`~tensorxfer.resharding.copy_services._run_protocol.RunProtocol`;
-    the window options: :class:`~tensorxfer.resharding.copy_services._messages.MessageExecutor`.
+    Ranks are ranks of ``group``. Every rank of the group must call ``run()`` for
+    each batch. numpy arrays are sent as CPU tensors. Collective construction: the
+    ranks compare the options.
+
+    Args:
+        group: a process group; None = the default group (which must be initialized).
+        timeout: seconds a run waits for its peers (None = forever, still watching
+            same-host peers and Ctrl-C).
+        **options: the window options, the same on every rank (the ranks compare them
+            at construction): ``max_window_tasks`` (default 65536) and
+            ``max_window_bytes`` (default 256 MiB) bound a window; tasks under
+            ``coalesce_bytes`` (default 128 KiB) are packed per peer and window into one
+            message; ``bucket_nbytes`` (default 1 MiB) is the message size of persistent
+            plans between hosts.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        ValueError: this process is not a member of ``group``, or a window option
+            differs between ranks.
     """
 
     backend_name = "TorchDistributedCopyService"
-    #: True unless the group is gloo (see __init__): nccl's wait() is stream-ordered.
+    #: True unless the group is gloo (see __init__); nccl's wait() is stream-ordered.
     requires_process_group_barrier = True
 
     def __init__(self, group: Any = None, *, timeout: Optional[float] = DEFAULT_TIMEOUT, **options: Any) -> None:
@@ -183,8 +197,10 @@ class _TorchTransport:
 
 
 def waited_text(timeout: Optional[float]) -> str:
-    """How long a wait lasted, for a message: ``timeout`` None means no deadline of ours (the
-    process group's own timeout then ended it)."""
+    """How long a wait lasted, for a message.
+
+    ``timeout`` None means no deadline of ours (the process group's own timeout then ended it).
+    """
     return "without a deadline (until the process group's own timeout)" if timeout is None else f"{timeout:g} s"
 
 
