@@ -213,3 +213,8 @@ def test_docstring_examples_run(module_name: str):
         runner.run(test)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples of {module_name} failed"
+
+
+def test_the_readme_fits_on_two_screens():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: it keeps to 200 (the detail belongs in docs/)"

@@ -41,7 +41,7 @@ Who may join (``SECURITY.md`` beside this file says it in full):
 
 * Every session is admitted before it gets a gloo pair or a ring slot: a join
   record that decodes, this protocol version, within ``timeout``
-  (:mod:`tensorxfer.ipc.remote.handshake`).  Whatever else reaches the port
+  (``tensorxfer.ipc.remote.handshake``).  Whatever else reaches the port
   (nothing, random bytes, one byte a second, huge sizes) is refused and logged
   (logger ``tensorxfer.ipc.remote``), and the other producers go on.
 * With a shared secret (``token=`` on both sides, or ``TENSORXFER_REMOTE_TOKEN``
