@@ -146,7 +146,7 @@ def test_credits_bound_what_a_producer_has_in_flight(tmp_path):
     hosts, job = _job(2, tmp_path)
     with hosts:
         try:
-            job.start_learner(depth=4, credits=2, hold_s=3.0, expect={"1": 30})
+            job.start_learner(depth=4, credits=2, hold_s=3.0, wait_producers=1, expect={"1": 30})
             job.start_producer("collector-1", 1, 1, 30, acquire_timeout=1.0)
             assert job.wait("collector-1") == 0, job.result("collector-1")
             producer = job.result("collector-1")
