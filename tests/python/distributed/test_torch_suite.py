@@ -172,6 +172,6 @@ def test_torch_suite_sample_passes_over_tensorxfer(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.stress)])  # 3 ranks: ~56 s, stress
 def test_torch_suite_passes_over_tensorxfer_wherever_gloo_passes(world, tmp_path):
     _check(world, CASES, tmp_path, timeout_s=700)

@@ -79,25 +79,27 @@ def case(backend: str, scenario: str, world: int, mode: str = "execute", *marks)
     return pytest.param(backend, scenario, world, mode, marks=list(marks), id=f"{backend}-{scenario}-x{world}-{mode}")
 
 
+# The full tier keeps one case of each executor on each backend and layout; the stress tier
+# adds the rest (the same paths again: each case costs about 7 s of CI).
 CASES = [
     # The colocated refit, 2 ranks: 8 of each rank's 14 receives are same-rank copies.
     case("shm", "tp2_to_tp1", 2, "execute", pytest.mark.fast),
     case("torch", "tp2_to_tp1", 2),
     case("mpi", "tp2_to_tp1", 2),
     case("shm", "tp2_to_tp1", 2, "swap"),
-    case("torch", "tp2_to_tp1", 2, "swap"),
+    case("torch", "tp2_to_tp1", 2, "swap", pytest.mark.stress),
     # Not colocated, 2 ranks: every op crosses processes.
     case("shm", "tp1_to_tp1_apart", 2),
-    case("torch", "tp1_to_tp1_apart", 2),
+    case("torch", "tp1_to_tp1_apart", 2, "execute", pytest.mark.stress),
     # tensorxfer's persistent plan of Megatron's ReshardPlan (in place, no staging).
     case("shm", "tp2_to_tp1", 2, "persistent"),
-    case("shm", "tp1_to_tp1_apart", 2, "persistent"),
+    case("shm", "tp1_to_tp1_apart", 2, "persistent", pytest.mark.stress),
     case("torch", "tp2_to_tp1", 2, "persistent"),
     case("local", "tp1_to_tp1", 1, "persistent"),
     case("shm", "tp2pp2_to_tp1dp4", 4, "persistent", pytest.mark.stress),
     # One process: the local backend, every op a same-rank copy.
-    case("local", "tp1_to_tp1", 1),
-    case("local", "tp1_to_tp1", 1, "swap"),
+    case("local", "tp1_to_tp1", 1, "execute", pytest.mark.stress),
+    case("local", "tp1_to_tp1", 1, "swap", pytest.mark.stress),
     # 4 ranks (stress): TP2xPP2 -> TP1xDP4 colocated, and TP2 -> TP1 not colocated.
     case("shm", "tp2pp2_to_tp1dp4", 4, "execute", pytest.mark.stress),
     case("torch", "tp2pp2_to_tp1dp4", 4, "execute", pytest.mark.stress),
