@@ -8,7 +8,8 @@ buffer, to or from a rank of the service's group, on a tag) and waits for one:
   ``wait()``, and a ``wait()`` that times out closes the connection), so its engine is
   *blocking*: each stream of a run waits on its own thread, with the run's deadline;
 * MPI requests can be tested, so its engine is *polled*: one thread advances every
-  stream (``test``), sleeping a little when nothing moved.
+  stream (``test``), sleeping a little when nothing moved, and a failed run cancels the
+  requests still posted (``abandon``). Only a polled engine has those two.
 
 Failures come back as :class:`LinkLost` (the peer's connection closed or reset: it
 died) or :class:`LinkTimeout` (the deadline passed), each naming the peer.
@@ -105,12 +106,6 @@ class TorchEngine:
                 request.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
         except RuntimeError as error:
             raise _link_error(peer, error) from error
-
-    def test(self, request: Any, peer: int) -> bool:  # pragma: no cover - a blocking engine is never polled
-        raise NotImplementedError("gloo's point-to-point work cannot be polled")
-
-    def abandon(self, request: Any) -> None:
-        """Nothing to do: gloo ends a pending operation when its wait gives up."""
 
     def release(self, peer: int) -> bool:
         """Ends this process's pending operations on the group, at once: a gloo wait cannot
