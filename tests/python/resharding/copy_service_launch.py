@@ -150,6 +150,21 @@ WORLD_SIZES: Dict[str, List[int]] = {"local": [1], "mpi": [1, 2, 3, 4], "torch":
                                      "shm-attach": [2, 3]}
 
 
+def megatron_or_skip() -> None:
+    """Skips the calling test unless megatron-core (and torch, which it needs) can be imported."""
+    import importlib.util
+
+    import pytest
+
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        pytest.skip("megatron-core is not installed (pip install megatron-core==0.16.1, in the test extra)")
+    pytest.importorskip("torch", reason="torch is not installed")
+
+
 def unavailable(backend: str) -> Optional[str]:
     """Why a backend's group cannot be started here, or None."""
     if backend == "mpi":

@@ -27,18 +27,6 @@ WORKER = os.path.join(HERE, "megatron_refit_worker.py")
 TIMEOUT = 240.0
 
 
-def _megatron_or_skip() -> None:
-    try:
-        import importlib.util
-
-        found = importlib.util.find_spec("megatron.core") is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        pytest.skip("megatron-core is not installed (pip install megatron-core==0.16.1, in the test extra)")
-    pytest.importorskip("torch", reason="torch is not installed")
-
-
 def _launch(backend: str, scenario: str, world: int, mode: str) -> tuple:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -65,7 +53,7 @@ def _launch(backend: str, scenario: str, world: int, mode: str) -> tuple:
 
 
 def check_refit(backend: str, scenario: str, world: int, mode: str = "execute") -> None:
-    _megatron_or_skip()
+    launch.megatron_or_skip()
     reason = launch.unavailable(backend)
     if reason:
         pytest.skip(reason)
@@ -138,7 +126,7 @@ def test_importing_tensorxfer_does_not_import_megatron():
 
 @pytest.mark.parametrize("order", ["tensorxfer_first", "megatron_first"])
 def test_services_are_megatron_copy_services(order):
-    _megatron_or_skip()
+    launch.megatron_or_skip()
     first, second = ("import tensorxfer.resharding.copy_services as services",
                      "from megatron.core.resharding.copy_services.base import CopyService")
     if order == "megatron_first":
@@ -193,7 +181,7 @@ def test_local_service_takes_megatron_submit_order():
 @pytest.mark.multiprocess
 def test_refit_example_runs():
     """examples/refit.py, as a user runs it: two ranks, Megatron's planner, a persistent plan."""
-    _megatron_or_skip()
+    launch.megatron_or_skip()
     example = os.path.join(HERE, os.pardir, os.pardir, os.pardir, "examples", "refit.py")
     result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=TIMEOUT,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})

@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/python: the cluster fixture
 
 import simulated_cluster  # noqa: E402
 
+sys.path.insert(0, HERE)  # the resharding tests' helpers
+import copy_service_launch as launch  # noqa: E402
+
 from tensorxfer.resharding.copy_services import _network_plan as network  # noqa: E402
 from tensorxfer.resharding.copy_services.planning import matching  # noqa: E402
 
@@ -257,17 +260,6 @@ def test_replicas_are_fed_by_a_chain():
         _assert_shm_empty(cluster, range(4))
 
 
-def _megatron_or_skip() -> None:
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("megatron.core") is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        pytest.skip("megatron-core is not installed (pip install megatron-core==0.16.1, in the test extra)")
-
-
 MEGATRON_CASES = [
     # TP2 trainer on host A, the TP1 inference model on host B.
     pytest.param([2, 1], "tp2_to_tp1_apart", "persistent", id="tp2-A_to_tp1-B-persistent"),
@@ -290,7 +282,7 @@ def test_megatron_refit_across_hosts(layout, scenario, mode):
     plan of its ReshardPlan, with the models on simulated hosts, over the torch service: the
     weights land as computed from the layouts alone."""
     _cluster_or_skip()
-    _megatron_or_skip()
+    launch.megatron_or_skip()
     world = sum(layout)
     with simulated_cluster.SimulatedCluster(len(layout), nic_rate="2gbit") as cluster:
         ranks = _start(cluster, layout, [MEGATRON_WORKER, "torch", scenario, str(world), "0", "env", mode])
