@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_context.h"
 #include "tensorxfer/copy/copy_engine.h"
 #include "tensorxfer/copy/pack.h"
 #include "tensorxfer/runtime/event.h"

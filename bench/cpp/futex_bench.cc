@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "cpu_context.h"
 #include "tensorxfer/sync/futex.h"
 
 namespace tensorxfer::sync {

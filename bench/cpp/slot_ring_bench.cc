@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_context.h"
 #include "tensorxfer/ipc/slot_ring.h"
 
 namespace tensorxfer::ipc {

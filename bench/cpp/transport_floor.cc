@@ -37,12 +37,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// "<model name> (family F model M; avx2, avx512f)" from /proc/cpuinfo's first CPU.
 std::string cpu_model() {
   std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  std::string name = "unknown CPU", family = "?", model = "?", simd;
+  for (std::string line; std::getline(cpuinfo, line) && !line.empty();) {
+    const std::string value = line.find(": ") == std::string::npos ? "" : line.substr(line.find(": ") + 2);
+    if (line.rfind("model name", 0) == 0) name = value;
+    else if (line.rfind("cpu family", 0) == 0) family = value;
+    else if (line.rfind("model\t", 0) == 0) model = value;
+    else if (line.rfind("flags", 0) == 0) {
+      for (const char* flag : {" avx2 ", " avx512f "}) {
+        if ((" " + value + " ").find(flag) != std::string::npos) simd += (simd.empty() ? "" : ", ") + std::string(flag + 1, std::strlen(flag) - 2);
+      }
+    }
   }
-  return "unknown CPU";
+  return name + " (family " + family + " model " + model + "; " + (simd.empty() ? "no AVX2" : simd) + ")";
 }
 
 // Shared between the two processes: a barrier, pids, slot counters, times.

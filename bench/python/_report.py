@@ -9,6 +9,7 @@ from tensorxfer.benchmarks.report import (  # noqa: F401
     Comparison,
     Measurement,
     Report,
+    cpu_header,
     machine_info,
     median,
     percentile,

@@ -388,10 +388,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         mpi_rank_main(args)
         return 0
 
-    from _report import machine_info
+    from _report import cpu_header, machine_info
 
     info = machine_info()
-    print(f"CPU: {info['cpu_model']} ({info['cpus']} CPUs), load average {info['load_average_1_5_15'][0]:.2f}; "
+    print(f"{cpu_header()}, load average {info['load_average_1_5_15'][0]:.2f}; "
           f"tensorxfer {info['tensorxfer']}, numpy {info['numpy']}, torch {info['torch']}", flush=True)
     notes: list[str] = []
     deepspeed_cache: Optional[Path] = None

@@ -543,9 +543,6 @@ def main() -> None:
         mpi = run_mpi(cases, args.repeats, work, args.ranks, in_mpi_job) if in_mpi_job else {}
         torch_results = run_torch(cases, args.repeats, work, args.ranks) if "torch" in backends else {}
     report = build_report(cases, args.repeats, mpi, torch_results, args.ranks)
-    from tensorxfer.benchmarks.report import machine_info
-
-    print(f"CPU: {machine_info().get('cpu_model')}  ({os.cpu_count()} CPUs)")
     print(report.table())
     json_path, png_path = report.write(args.json.parent, args.json.stem)
     print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))

@@ -146,11 +146,11 @@ def main():
     args = parser.parse_args()
     import torch
 
-    from tensorxfer.benchmarks.report import machine_info
+    from tensorxfer.benchmarks.report import cpu_header, machine_info
 
     info = machine_info()
     gpu = torch.cuda.get_device_name(0)
-    print(f"CPU: {info.get('cpu_model')}  GPU: {gpu}  torch {torch.__version__}")
+    print(f"{cpu_header()}  GPU: {gpu}  torch {torch.__version__}")
     context = multiprocessing.get_context("spawn")
     runs = []
     for run in range(args.runs):

@@ -144,7 +144,8 @@ def markdown(document: Dict[str, Any]) -> str:
         lines += ["**fake CUDA runtime: the CUDA rows below check that the cases run end to end; their numbers "
                   "are meaningless.**", ""]
     lines += [f"- GPU: {machine['gpu']}; driver {machine['driver']}; CUDA {machine['cuda']}",
-              f"- CPU: {machine['cpu_model']}, {machine['cores']} cores; torch {machine['torch']}, "
+              f"- {machine.get('cpu_header', 'CPU: ' + str(machine['cpu_model']))}, {machine['cores']} cores; "
+              f"torch {machine['torch']}, "
               f"python {machine['python']}",
               f"- started {document['started']}, {document['seconds']:.0f} s in all", "",
               "| path | case, metric | tensorxfer | baseline / floor | tensorxfer median | baseline median | "
@@ -166,10 +167,11 @@ def markdown(document: Dict[str, Any]) -> str:
 
 def machine_header(fake: bool) -> Dict[str, Any]:
     """GPU model, driver and CUDA version (nvidia-smi, torch), CPU model, cores, torch and python."""
-    from _report import machine_info
+    from _report import cpu_header, machine_info
 
     info = machine_info()
-    header = {"cpu_model": info["cpu_model"], "cores": os.cpu_count(), "cpus_usable": info["cpus"],
+    header = {"cpu_model": info["cpu_model"], "cpu_header": cpu_header(), "cores": os.cpu_count(),
+              "cpus_usable": info["cpus"],
               "torch": info["torch"], "python": info["python"], "gpu": "-", "driver": "-", "cuda": "-"}
     if fake:
         header.update(gpu="fake CUDA runtime (tests/cuda_fake), no GPU", driver="fake", cuda="fake")
@@ -380,8 +382,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     begin = time.monotonic()
     header = machine_header(args.fake_cuda)
-    print(f"GPU: {header['gpu']}, driver {header['driver']}, CUDA {header['cuda']}; CPU: {header['cpu_model']}, "
-          f"{header['cores']} cores; torch {header['torch']}", flush=True)
+    print(f"GPU: {header['gpu']}, driver {header['driver']}, CUDA {header['cuda']}; {header['cpu_header']}; "
+          f"torch {header['torch']}", flush=True)
     results: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
         for name in args.cases:

@@ -172,9 +172,9 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace, out:
 
 
 def report(result: Dict[str, Any], args: argparse.Namespace) -> None:
-    from tensorxfer.benchmarks.report import machine_info
+    from tensorxfer.benchmarks.report import cpu_header
 
-    print(f"CPU: {machine_info().get('cpu_model')}  ({os.cpu_count()} CPUs)")
+    print(cpu_header())
     print(f"refit TP2 -> TP1, 2 ranks, colocated: {result['parameters'] / 1e6:.0f}M parameters (bfloat16), "
           f"{result['received_bytes'] / 1e6:.0f} MB received per rank per refit, {result['ops']} receive ops per "
           f"rank; {args.refits} refits per run after one untimed; medians (s per refit, slower rank); "

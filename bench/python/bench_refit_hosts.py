@@ -59,23 +59,6 @@ sys.path.insert(0, str(TESTS / "resharding"))
 CASES = ["small", "weights", "mixed", "megatron", "replicas", "busy", "onehost"]
 
 
-# ---- the header ------------------------------------------------------------------------------
-
-def cpu_header() -> str:
-    fields: Dict[str, str] = {}
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-        for line in cpuinfo:
-            if ":" in line:
-                key, value = (part.strip() for part in line.split(":", 1))
-                fields.setdefault(key, value)
-            if not line.strip() and fields:
-                break
-    flags = set(fields.get("flags", "").split())
-    simd = ", ".join(flag for flag in ("avx2", "avx512f", "avx512bw") if flag in flags) or "no AVX2"
-    return (f"CPU: {fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model "
-            f"{fields.get('model', '?')}; {simd}), {len(os.sched_getaffinity(0))} CPUs")
-
-
 # ---- inside a rank ---------------------------------------------------------------------------
 
 def timed_blocks(variants: Dict[str, Callable[[], None]], blocks: int, calls: int, dist: Any) -> Dict[str, List[float]]:
@@ -587,6 +570,8 @@ def main() -> None:
     reason = simulated_cluster.unavailable_reason()
     if reason:
         raise SystemExit(f"bench_refit_hosts: {reason}")
+    from tensorxfer.benchmarks.report import cpu_header
+
     print(cpu_header())
     print(f"simulated cluster: NICs limited to {args.rate} each way (tc tbf) where a case says so; bucket "
           f"{args.bucket >> 20} MiB; {args.blocks} blocks x {args.calls} back-to-back calls per variant, interleaved;"

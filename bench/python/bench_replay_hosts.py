@@ -465,12 +465,12 @@ def main() -> int:
         args.collectors, args.runs, args.mib = [1], 1, 16
     methods = [method for method in METHODS if method != "zmq" or zmq_available()]
     sizes = [kib << 10 for kib in args.sizes_kib]
-    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_line = next((line.split(":", 1)[1].strip() for line in model.splitlines() if line.startswith("Model name")),
-                      "unknown")
     import torch
 
-    print(f"CPU: {model_line} ({os.cpu_count()} CPUs), torch {torch.__version__}, "
+    from tensorxfer.benchmarks.report import cpu_header
+
+    model_line = cpu_header()
+    print(f"{model_line}, torch {torch.__version__}, "
           f"pyzmq {'yes' if 'zmq' in methods else 'not installed'}")
     plan = {"runs": args.runs, "sizes": sizes, "methods": methods, "mib": args.mib, "latency": True}
     import tempfile

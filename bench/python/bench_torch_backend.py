@@ -491,8 +491,7 @@ def launcher_main(args: argparse.Namespace) -> int:
         report.note(f"simulated hosts skipped: {reason}")
     from _report import machine_info
 
-    machine = machine_info()
-    print(f"CPU: {machine['cpu_model']} ({machine['cpus']} CPUs), torch {machine['torch']}")
+    print(f"torch {machine_info()['torch']}")
     print(report.table())
     json_path, png_path = report.write(args.out, "torch_backend")
     print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))

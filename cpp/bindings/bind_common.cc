@@ -13,6 +13,7 @@
 
 #include "bindings.h"
 #include "tensorxfer/common/check.h"
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/dlpack.h"
 #include "tensorxfer/common/error.h"
 
@@ -386,6 +387,30 @@ void bind_common(py::module_& module) {
   build["cuda"] = false;
 #endif
   module.attr("build_info") = build;
+
+  module.def(
+      "cpu_features",
+      [] {
+        const CpuFeatures& cpu = cpu_features();
+        py::dict features;
+        features["vendor"] = cpu.vendor;
+        features["family"] = cpu.family;
+        features["model"] = cpu.model;
+        features["avx2"] = cpu.avx2;
+        features["avx512"] = cpu.avx512;
+        features["vector_set"] = vector_set_name(cpu.vector_set);
+        features["vector_set_forced"] = cpu.vector_set_forced;
+        features["last_level_cache_bytes"] = cpu.last_level_cache_bytes;
+        features["cache_forced"] = cpu.cache_forced;
+        features["usable_cpus"] = cpu.usable_cpus;
+        features["cpus_forced"] = cpu.cpus_forced;
+        features["override_error"] = cpu.override_error;
+        return features;
+      },
+      "What the CPU offers the paths that branch on it, as read once by this process: vendor, "
+      "family, model, avx2 and avx512 (what the CPU has), vector_set (the widest set the kernels "
+      "use), last_level_cache_bytes, usable_cpus, which of them a TENSORXFER_CPU_* variable forced, "
+      "and override_error (an invalid variable, else '').");
 
   py::class_<PyTensorView>(module, "TensorView",
                            "A view of a tensor's memory that keeps its owner alive (and holds the "

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PersistentSteps', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'StreamMessages', 'StreamViews', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_local_steps', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_bytes', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'message_sizes', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
+__all__: list[str] = ['Communicator', 'CopyEngine', 'CudaAllReduce', 'CudaCopySubmitter', 'HostBlock', 'HostEvent', 'HostPool', 'HostStream', 'IpcMemory', 'LocalGroup', 'PackLayout', 'PersistentSteps', 'PipelineExecutor', 'PipelinePlan', 'SharedSegment', 'SlotRing', 'StreamMessages', 'StreamViews', 'SubmitSide', 'TensorView', 'allow_memory_readers', 'best_half_kernels', 'bind_to_numa_node', 'build_info', 'build_local_steps', 'build_transfer_schedule', 'check_pipeline_batch', 'check_pipeline_plan', 'check_timeout', 'choose_all_reduce_algorithm', 'communicator_required_nbytes', 'copy_spans', 'cpu_features', 'cuda_concurrent_managed_access', 'cuda_copy_compiled', 'cuda_copy_spans', 'cuda_host_register', 'cuda_host_unregister', 'cuda_is_managed_pointer', 'cuda_put', 'cuda_runtime_calls', 'cuda_span_piece_bytes', 'cuda_status', 'current_numa_node', 'current_process_identity', 'describe_spans', 'describe_torch_tensors', 'find_task_pairs', 'half_kernel_sets', 'huge_page_bytes', 'huge_page_size', 'make_view', 'managed_advise_accessed_by', 'managed_advise_preferred_location', 'managed_prefetch', 'message_sizes', 'numa_nodes_of', 'numa_nodes_with_memory', 'numa_online_nodes', 'numa_policy_of', 'numa_supported', 'numa_unsupported_reason', 'pack_rows', 'pack_spans', 'page_size', 'pipeline_region_nbytes', 'plan_pipeline', 'populate_host_pages', 'prefer_local_numa_node', 'probe_futex_across_processes', 'probe_numa_system_calls', 'probe_process_memory', 'process_is_alive', 'read_process_spans', 'reduce_elements', 'require_contiguous_host', 'resident_page_count', 'sweep_stale_segments', 'unpack_spans', 'uvm_free_symbol', 'uvm_last_error_symbol', 'uvm_malloc_symbol']
 class TensorView:
     """
     A view of a tensor's memory that keeps its owner alive (and holds the buffer export of buffer-protocol objects, so they cannot be resized).
@@ -182,7 +182,7 @@ class CopyEngine:
     """
     def __init__(self, num_threads: typing.SupportsInt | typing.SupportsIndex = 0, *, idle_spin_us: typing.SupportsInt | typing.SupportsIndex = 50) -> None:
         """
-        Starts `num_threads` workers (0 = one per hardware thread). While calls come back to back (each within `idle_spin_us` of the end of the one before), a worker polls that long for the next before sleeping; 0 = workers always sleep between calls.
+        Starts `num_threads` workers (0 = one fewer than the usable CPUs, at least 1: the caller works too). While calls come back to back (each within `idle_spin_us` of the end of the one before), a worker polls that long for the next before sleeping; 0 = workers always sleep between calls.
         """
     def copy(self, dst: typing.Any, src: typing.Any) -> None:
         """
@@ -731,6 +731,10 @@ def communicator_required_nbytes(max_bytes: typing.SupportsInt | typing.Supports
 def copy_spans(spans: typing.Annotated[numpy.typing.ArrayLike, numpy.uint64], engine: CopyEngine = None) -> None:
     """
     Copies spans[i, 2] bytes from address spans[i, 0] to address spans[i, 1] for every row of the (n, 3) uint64 array (GIL released; work split across `engine`'s threads when large). The caller keeps every span's memory alive. Private to the copy services and the pipeline executor.
+    """
+def cpu_features() -> dict:
+    """
+    What the CPU offers the paths that branch on it, as read once by this process: vendor, family, model, avx2 and avx512 (what the CPU has), vector_set (the widest set the kernels use), last_level_cache_bytes, usable_cpus, which of them a TENSORXFER_CPU_* variable forced, and override_error (an invalid variable, else '').
     """
 def cuda_concurrent_managed_access(device: typing.SupportsInt | typing.SupportsIndex) -> bool:
     ...

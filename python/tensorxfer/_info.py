@@ -279,6 +279,7 @@ def collect() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": len(os.sched_getaffinity(0)),
+        "cpu": _cpu_features(),
         "torch": torch_info(),
         "torch_distributed_backend": torch_backend_info(),
         "devices": devices(),
@@ -303,6 +304,22 @@ def _bytes(value: int | None) -> str:
     return str(value)
 
 
+def _cpu_features() -> dict[str, Any]:
+    from tensorxfer import _core
+
+    return dict(_core.cpu_features())
+
+
+def _cpu_text(cpu: dict[str, Any]) -> str:
+    forced = [name for name, key in (("vector set", "vector_set_forced"), ("cache", "cache_forced"),
+                                     ("cpu count", "cpus_forced")) if cpu[key]]
+    cache = cpu["last_level_cache_bytes"]
+    return (f"{cpu['vendor'] or '?'} family {cpu['family']} model {cpu['model']}; "
+            f"avx2={'yes' if cpu['avx2'] else 'no'}, avx512={'yes' if cpu['avx512'] else 'no'}; kernels "
+            f"{cpu['vector_set']}; last-level cache {_bytes(cache) if cache else 'unknown'}; "
+            f"{cpu['usable_cpus']} usable" + (f" (forced: {', '.join(forced)})" if forced else ""))
+
+
 def format_text(info: dict[str, Any]) -> str:
     """The human-readable form of :func:`collect`'s result."""
     yes = {True: "yes", False: "no", None: "unknown"}
@@ -319,6 +336,7 @@ def format_text(info: dict[str, Any]) -> str:
         ("compiled in", compiled),
         ("python", f"{info['python']} on {info['platform']}"),
         ("cpus", str(info["cpus"])),
+        ("cpu", _cpu_text(info["cpu"])),
         ("torch", info["torch"]["version"]),
         ("torch.distributed backend", f"{info['torch_distributed_backend']['name']}: "
                                       f"{'registered' if info['torch_distributed_backend']['registered'] else 'not registered'}"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorxfer.benchmarks.report import Report, percentile, time_interleaved
+from tensorxfer import _core
+from tensorxfer.benchmarks.report import Report, cpu_header, percentile, time_interleaved
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +38,24 @@ def test_report_ratio_direction_and_target():
     assert "4.00x" in table and ">= 5x" in table and "NO" in table and "yes" in table
     with pytest.raises(KeyError, match="variant='missing'"):
         report.compare("case", "time", "missing", "slow")
+
+
+def test_every_table_names_the_cpu_its_simd_flags_and_what_the_kernels_use():
+    table = Report("t").table()
+    header = table.splitlines()[1]
+    cpu = _core.cpu_features()
+    assert header == cpu_header() and header.startswith("CPU: ")
+    assert f"family {cpu['family']} model {cpu['model']}" in header
+    assert f"AVX2 {'yes' if cpu['avx2'] else 'no'}, AVX-512 {'yes' if cpu['avx512'] else 'no'}" in header
+    assert f"kernels {cpu['vector_set']};" in header and f"{cpu['usable_cpus']} CPUs" in header
+
+
+def test_the_cpu_header_marks_what_was_forced():
+    code = "from tensorxfer.benchmarks.report import cpu_header; print(cpu_header())"
+    env = dict(os.environ, TENSORXFER_CPU_VECTOR_SET="baseline", TENSORXFER_CPU_COUNT="3")
+    header = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert "kernels baseline (forced)" in header and "3 CPUs (forced)" in header
 
 
 def test_time_interleaved_rotates_order():

@@ -1,16 +1,17 @@
 // Half-precision reductions: a portable loop, and AVX2 / AVX-512F loops built
 // with target attributes (the rest of the library stays at the baseline ISA) and
-// chosen with __builtin_cpu_supports. Each loads 16 elements of every source,
+// chosen from cpu_features()'s vector set. Each loads 16 elements of every source,
 // combines them in float32 registers and narrows once; tails shorter than 16
 // elements use the portable conversions, which the vector code reproduces bit
 // for bit.
 #include "half_kernels.h"
 
+#include "tensorxfer/common/cpu_features.h"
+
 #include <cstring>
 #include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define TENSORXFER_X86_KERNELS 1
 #endif
@@ -213,26 +214,16 @@ void avx512_reduce(ReduceOp op, const void* const* sources, int count, int divis
 }  // namespace tensorxfer::collectives::half_kernels
 
 namespace tensorxfer::collectives {
-namespace {
 
-#ifdef TENSORXFER_X86_KERNELS
-// F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know "f16c" in __builtin_cpu_supports.
-bool cpu_has_f16c() noexcept {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-#endif
-
-}  // namespace
-
+// The CPU's vector set, capped by TENSORXFER_CPU_VECTOR_SET (cpu_features.h):
+// forcing avx2 runs the kernels an AVX2-only CPU runs.
 bool half_kernels_supported(HalfKernels kernels) noexcept {
   switch (kernels) {
     case HalfKernels::kAuto:
     case HalfKernels::kPortable: return true;
 #ifdef TENSORXFER_X86_KERNELS
-    case HalfKernels::kAvx2:
-      return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
-    case HalfKernels::kAvx512: return __builtin_cpu_supports("avx512f") && half_kernels_supported(HalfKernels::kAvx2);
+    case HalfKernels::kAvx2: return vector_set_enabled(VectorSet::kAvx2);
+    case HalfKernels::kAvx512: return vector_set_enabled(VectorSet::kAvx512);
 #else
     case HalfKernels::kAvx2:
     case HalfKernels::kAvx512: return false;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "tensorxfer/collectives/element_math.h"
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/check.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/tensor_view.h"
@@ -87,7 +88,7 @@ void reduce_typed(ReduceOp op, const void* const* sources, int source_count, int
 // to 64 MiB; 2 ranks 1-3%.
 bool float32_vector_tiles(HalfKernels choice) noexcept {
   if (choice == HalfKernels::kAuto) choice = best_half_kernels();
-  return (choice == HalfKernels::kAvx2 || choice == HalfKernels::kAvx512) && __builtin_cpu_supports("avx2");
+  return (choice == HalfKernels::kAvx2 || choice == HalfKernels::kAvx512) && vector_set_enabled(VectorSet::kAvx2);
 }
 
 __attribute__((target("avx2"))) void reduce_float32_avx2(ReduceOp op, const void* const* sources, int source_count,

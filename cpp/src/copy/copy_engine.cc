@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "copy_kernels.h"
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/process_id.h"
 #include "tensorxfer/sync/cpu_relax.h"
@@ -41,9 +42,9 @@ class RunningEngineScope {
   const void* previous_;
 };
 
-std::size_t hardware_threads() noexcept {
-  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
-}
+// The CPUs this process may use (its affinity mask, not every online CPU: a
+// container limited to 2 of 64 gets 2; TENSORXFER_CPU_COUNT overrides it).
+std::size_t usable_cpus() noexcept { return static_cast<std::size_t>(cpu_features().usable_cpus); }
 
 struct Job {
   const CopyEngine::RangeFunction* fn = nullptr;
@@ -211,7 +212,7 @@ CopyEngine::CopyEngine(const CopyEngineOptions& options)
       owner_pid_(current_process_id()),
       state_(std::make_unique<State>()) {
   const std::size_t default_parallelism =
-      std::clamp<std::size_t>(hardware_threads(), 2, kMaxDefaultParallelism);
+      std::clamp<std::size_t>(usable_cpus(), 2, kMaxDefaultParallelism);
   max_parallelism_ = options.max_parallelism == 0 ? default_parallelism : options.max_parallelism;
   // The caller works on every job too: by default one worker fewer than the
   // threads a job may use.

@@ -1,13 +1,9 @@
 #include "copy_kernels.h"
 
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/copy/streaming_copy.h"
 
-#include <unistd.h>
-
 #include <cstdint>
-#include <fstream>
-#include <initializer_list>
-#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -16,47 +12,7 @@
 
 namespace tensorxfer::copy::detail {
 
-namespace {
-
-// Size in bytes of the highest-level cache of CPU 0 as the kernel describes it
-// (/sys/devices/system/cpu/cpu0/cache/indexN/{level,size}: one instance, the
-// part this CPU shares), 0 if unknown.
-std::size_t kernel_reported_cache_bytes() noexcept {
-  int best_level = 0;
-  std::size_t best_bytes = 0;
-  for (int index = 0; index < 8; ++index) {
-    const std::string folder = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(folder + "level");
-    std::ifstream size_file(folder + "size");
-    int level = 0;
-    std::size_t size = 0;
-    char unit = 0;
-    if (!(level_file >> level) || !(size_file >> size)) continue;
-    size_file >> unit;
-    const std::size_t scale = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1;
-    if (level > best_level) {
-      best_level = level;
-      best_bytes = size * scale;
-    }
-  }
-  return best_bytes;
-}
-
-}  // namespace
-
-std::size_t last_level_cache_bytes() noexcept {
-  static const std::size_t bytes = [] {
-    // The kernel's figure first: in a VM, glibc's sysconf can report the
-    // host's whole L3 (384 MiB on an AMD EPYC VM whose kernel says 32 MiB).
-    if (const std::size_t reported = kernel_reported_cache_bytes(); reported > 0) return reported;
-    for (const int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
-      const long size = ::sysconf(name);
-      if (size > 0) return static_cast<std::size_t>(size);
-    }
-    return std::size_t{0};
-  }();
-  return bytes;
-}
+std::size_t last_level_cache_bytes() noexcept { return cpu_features().last_level_cache_bytes; }
 
 #if TENSORXFER_X86_64
 namespace {
@@ -143,11 +99,11 @@ void stream_lines_sse2(char* dst, const char* src, std::size_t nbytes) noexcept 
 using StreamLines = void (*)(char*, const char*, std::size_t) noexcept;
 
 StreamLines select_stream_lines() noexcept {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") ? &stream_lines_avx2 : &stream_lines_sse2;
+  return vector_set_enabled(VectorSet::kAvx2) ? &stream_lines_avx2 : &stream_lines_sse2;
 }
 
-// Chosen once from what the CPU supports; immutable afterwards.
+// Chosen once from the vector set (cpu_features.h: TENSORXFER_CPU_VECTOR_SET
+// caps it); immutable afterwards.
 const StreamLines kStreamLines = select_stream_lines();
 
 }  // namespace

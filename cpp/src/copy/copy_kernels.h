@@ -17,8 +17,8 @@ void streaming_copy(void* dst, const void* src, std::size_t nbytes) noexcept;
 // Orders all earlier streaming stores of this thread before its later stores.
 void streaming_fence() noexcept;
 
-// Bytes of the last-level cache this CPU shares (sysconf L3, else L2), 0 if
-// unknown. Read once.
+// Bytes of the last-level cache this CPU shares, 0 if unknown (cpu_features():
+// the kernel's figure, else sysconf; TENSORXFER_CPU_CACHE_BYTES overrides it).
 std::size_t last_level_cache_bytes() noexcept;
 
 // Hints the CPU to start loading [address, address + nbytes) into the caches.

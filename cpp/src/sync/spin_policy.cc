@@ -1,19 +1,12 @@
 #include "tensorxfer/sync/spin_policy.h"
 
-#include <sched.h>
-
 #include "tensorxfer/common/check.h"
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/error.h"
 
 namespace tensorxfer::sync {
 
-int usable_cpus() noexcept {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  const int count = CPU_COUNT(&set);
-  return count > 0 ? count : 1;
-}
+int usable_cpus() noexcept { return cpu_features().usable_cpus; }
 
 SpinPolicy::SpinPolicy(bool standard, std::chrono::nanoseconds budget, std::chrono::nanoseconds pause_only) noexcept
     : standard_(standard), budget_ns_(budget.count()), pause_only_ns_(pause_only.count()) {}

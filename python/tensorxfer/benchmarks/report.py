@@ -168,11 +168,11 @@ class Report:
         self.notes.append(text)
 
     def table(self) -> str:
-        """Measurements, then comparisons with ratio, target and whether it was met."""
+        """The CPU (:func:`cpu_header`), measurements, then comparisons with ratio, target and whether it was met."""
         rows: list[tuple[str, ...]] = [("case", "variant", "metric", "median", "unit", "n")]
         for m in self.measurements:
             rows.append((m.case, m.variant, m.metric, _number(m.value), m.unit, str(len(m.samples))))
-        text = [f"== {self.title} ==", _align(rows), "", "ratios (>1 = tensorxfer better):"]
+        text = [f"== {self.title} ==", cpu_header(), _align(rows), "", "ratios (>1 = tensorxfer better):"]
         comparison_rows: list[tuple[str, ...]] = [
             ("case", "metric", "candidate", "vs baseline", "ratio", "target", "met")]
         for c in self.comparisons:
@@ -188,6 +188,7 @@ class Report:
         return {
             "title": self.title,
             "machine": machine_info(),
+            "cpu_header": cpu_header(),
             "config": self.config,
             "measurements": [dataclasses.asdict(m) for m in self.measurements],
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons],
@@ -242,12 +243,13 @@ def plot_comparisons(report: Report, path: Path) -> bool:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model and count, OS, and the versions of Python, numpy, torch and tensorxfer."""
+    """CPU model, family, SIMD flags and count, OS, and the versions of Python, numpy, torch and tensorxfer."""
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": len(os.sched_getaffinity(0)),
         "cpu_model": _cpu_model(),
+        "cpu": cpu_features(),
         "load_average_1_5_15": list(os.getloadavg()),
     }
     for module in ("numpy", "torch", "tensorxfer"):
@@ -256,6 +258,35 @@ def machine_info() -> dict[str, Any]:
         except ImportError:
             info[module] = None
     return info
+
+
+def cpu_features() -> dict[str, Any]:
+    """``tensorxfer._core.cpu_features()``: family, model, AVX2/AVX-512, the vector set the kernels use."""
+    from tensorxfer import _core
+
+    return dict(_core.cpu_features())
+
+
+def cpu_header() -> str:
+    """One line naming the CPU so that two tables from different machines cannot be confused.
+
+    For example ``CPU: AMD EPYC 7B13 (AuthenticAMD family 25 model 1; AVX2 yes, AVX-512 no;
+    kernels avx2; last-level cache 32 MiB; 2 CPUs)``. A ``TENSORXFER_CPU_*`` override is
+    marked ``forced``.
+    """
+    cpu = cpu_features()
+
+    def forced(key: str) -> str:
+        return " (forced)" if cpu[key] else ""
+
+    cache = cpu["last_level_cache_bytes"]
+    cache_text = f"{cache / 2**20:g} MiB" if cache >= 2**20 else f"{cache >> 10} KiB" if cache else "unknown"
+    yes_no = {True: "yes", False: "no"}
+    return (f"CPU: {_cpu_model()} ({cpu['vendor'] or '?'} family {cpu['family']} model {cpu['model']}; "
+            f"AVX2 {yes_no[cpu['avx2']]}, AVX-512 {yes_no[cpu['avx512']]}; "
+            f"kernels {cpu['vector_set']}{forced('vector_set_forced')}; "
+            f"last-level cache {cache_text}{forced('cache_forced')}; "
+            f"{cpu['usable_cpus']} CPUs{forced('cpus_forced')})")
 
 
 def _cpu_model() -> str | None:

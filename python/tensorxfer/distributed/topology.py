@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from tensorxfer import _core
 from tensorxfer.runtime.group import host_identity
 from tensorxfer.runtime.host_probe import probe_hosts
 
@@ -62,5 +63,5 @@ def spin_us_for_machine(store: Any, rank: int, world_size: int, local_size: int)
     machine = host_identity()[1]
     store.set(f"machine/{rank}", machine)
     same_machine = sum(bytes(store.get(f"machine/{r}")).decode() == machine for r in range(world_size))
-    cpus = len(os.sched_getaffinity(0))
+    cpus = _core.cpu_features()["usable_cpus"]  # the affinity mask, or TENSORXFER_CPU_COUNT
     return 0.0 if same_machine > max(cpus, local_size) else None

@@ -30,8 +30,8 @@ inline constexpr std::size_t kMaxDefaultParallelism = 8;
 struct CopyEngineOptions {
   // Worker threads to start; 0 = max_parallelism - 1 (the caller is the last).
   std::size_t num_threads = 0;
-  // Threads (workers + caller) that work on one job at most; 0 = hardware
-  // concurrency, at least 2 and at most kMaxDefaultParallelism. More runnable
+  // Threads (workers + caller) that work on one job at most; 0 = the usable
+  // CPUs (cpu_features.h), at least 2 and at most kMaxDefaultParallelism. More runnable
   // copy threads than cores only adds preemption in the middle of a chunk,
   // which delays the whole job.
   std::size_t max_parallelism = 0;

@@ -37,7 +37,8 @@ namespace tensorxfer::sync {
 using WaitClock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: shared by every process
 using WaitTime = WaitClock::time_point;
 
-// The CPUs this process may run on (sched_getaffinity; at least 1).
+// The CPUs this process may run on (sched_getaffinity, at least 1;
+// TENSORXFER_CPU_COUNT overrides it: cpu_features.h).
 int usable_cpus() noexcept;
 
 // Thread-safe: assignment may race with waits that read the budget.
