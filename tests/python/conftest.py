@@ -2,16 +2,17 @@
 
 Tiers (``--tier``, or ``TENSORXFER_TEST_TIER``; the default is ``fast``):
 
-- ``fast``: every in-process test, plus the multi-process cases marked ``fast`` (one
-  2-rank case per subsystem). The README's test command, a few minutes.
+- ``fast``: every in-process test not marked ``slow``, plus the multi-process cases marked
+  ``fast`` (one 2-rank case per subsystem). The README's test command, under 3 minutes warm.
 - ``full``: everything that is not ``stress``. CI runs it on every submission.
 - ``stress``: the cases marked ``stress`` (10k iterations, large worlds, simulated
   hosts, the benchmark smoke tests). Run before a release: ``scripts/test.sh --tier stress``.
 - ``all``: ``full`` and ``stress`` together.
 
 A test's tier comes from its markers alone (``tier_of``): ``stress`` wins; a test
-without ``multiprocess`` is in-process and so ``fast``; a ``multiprocess`` test is
-``full`` unless it is also marked ``fast``. Markers that contradict each other are a
+without ``multiprocess`` is in-process and so ``fast`` unless marked ``slow`` (it waits
+seconds by design: a timeout it checks, a Sphinx build, a megatron import); a
+``multiprocess`` test is ``full`` unless it is also marked ``fast``. Markers that contradict each other are a
 collection error, and a test that starts rank processes (``multiprocessing``,
 ``mpirun``, ``torchrun``) without the ``multiprocess`` marker fails: it would
 otherwise be counted in-process and slip into the fast tier.
@@ -51,16 +52,20 @@ def tier_of(item) -> str:
     """The one tier a test belongs to, from its markers; contradicting markers raise UsageError."""
     stress = item.get_closest_marker("stress") is not None
     fast = item.get_closest_marker("fast") is not None
+    slow = item.get_closest_marker("slow") is not None
     multiprocess = item.get_closest_marker("multiprocess") is not None
     if stress and fast:
         raise pytest.UsageError(f"{item.nodeid}: marked both fast and stress; a test belongs to one tier")
+    if slow and (fast or multiprocess):
+        raise pytest.UsageError(f"{item.nodeid}: marked slow and {'fast' if fast else 'multiprocess'}; slow moves "
+                                "an in-process test to the full tier, where multi-process tests are already")
     if stress:
         return "stress"
     if not multiprocess:
         if fast:
             raise pytest.UsageError(f"{item.nodeid}: marked fast but not multiprocess; in-process tests are "
                                     "fast already (the marker picks multi-process cases for the fast tier)")
-        return "fast"
+        return "full" if slow else "fast"
     return "fast" if fast else "full"
 
 

@@ -84,11 +84,13 @@ def documented(tmp_path_factory) -> Set[str]:
     return set(json.loads(result.stdout.splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_reference_documents_every_public_name(documented):
     missing = coverage.missing_names(documented)
     assert not missing, f"in __all__ of a public module but not in the API reference: {missing}"
 
 
+@pytest.mark.slow
 def test_the_check_reports_a_name_the_reference_lacks(documented):
     assert "tensorxfer.ipc.SlotRing" in documented
     missing = coverage.missing_names(documented - {"tensorxfer.ipc.SlotRing"})

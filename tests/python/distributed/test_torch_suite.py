@@ -165,7 +165,6 @@ def _check(world: int, cases: List[str], tmp_path, timeout_s: float, with_gloo: 
     assert not stale, f"listed as skipped for tensorxfer but passed: {stale}"
 
 
-@pytest.mark.fast
 @pytest.mark.timeout(300)
 def test_torch_suite_sample_passes_over_tensorxfer(tmp_path):
     _check(2, FAST_CASES, tmp_path, timeout_s=240, with_gloo=False)

@@ -242,6 +242,7 @@ def test_random_bytes_are_refused(learner):
     keeps_flowing(learner, case)
 
 
+@pytest.mark.slow
 def test_one_byte_a_second_stalls_nobody(learner):
     sessions: List[int] = []
     joined: List[float] = []
@@ -281,6 +282,7 @@ def string(length: int, body: bytes = b"") -> bytes:
     return struct.pack("<Q", length) + body
 
 
+@pytest.mark.slow
 def test_huge_sizes_are_refused(learner):
     sessions: List[int] = []
     lost_before = len(learner.losses)
@@ -322,6 +324,7 @@ def test_huge_sizes_are_refused(learner):
     assert learner.count(3) == 0, "a slot of the liar was published"
 
 
+@pytest.mark.slow
 def test_more_than_announced_is_refused(learner):
     lost_before = len(learner.losses)
 

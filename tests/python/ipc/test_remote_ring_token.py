@@ -64,6 +64,7 @@ def test_only_producers_with_the_token_are_admitted(caplog):
             remote.close()
 
 
+@pytest.mark.slow
 def test_a_producer_with_a_token_refuses_a_learner_without_one():
     with SlotRing.create(4, 256) as ring:
         remote = RemoteProducers.serve(ring, "tcp://127.0.0.1:0", timeout=2.0)
@@ -101,6 +102,7 @@ def test_token_arguments_are_checked():
             RemoteProducers.serve(ring, "tcp://127.0.0.1:0", token="short")
 
 
+@pytest.mark.slow
 def test_concurrent_joins_with_the_token_each_prove_their_own_session():
     """Several producers joining at once: each answer is bound to its session and challenge."""
     with SlotRing.create(8, 256) as ring:

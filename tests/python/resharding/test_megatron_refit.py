@@ -124,7 +124,8 @@ def test_importing_tensorxfer_does_not_import_megatron():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("order", ["tensorxfer_first", "megatron_first"])
+# Each case imports megatron in a child (about 6 s): the fast tier runs one order.
+@pytest.mark.parametrize("order", [pytest.param("tensorxfer_first", marks=pytest.mark.slow), "megatron_first"])
 def test_services_are_megatron_copy_services(order):
     launch.megatron_or_skip()
     first, second = ("import tensorxfer.resharding.copy_services as services",
