@@ -6,12 +6,21 @@
 #     cuda_copy and managed memory, which the fake's device lets run);
 #  3. the Python tests of the core's CUDA entry points against that variant;
 #  4. the CUDA <= 12 branches compiled (not linked) against CUDA 12 headers from PyPI.
-#   scripts/fake_cuda.sh [PYTHON]   (default: build/test-venv/bin/python, else python3)
+#   scripts/fake_cuda.sh [--build-only | --tests-only] [PYTHON]
+#     PYTHON     builds the extension and runs the Python tests (default: build/test-venv/bin/python,
+#                else python3); it needs pybind11, numpy, pytest and pytest-timeout
+#     --build-only   the compiling steps 1 and 4 (CI runs them niced, in the background)
+#     --tests-only   the test steps 2 and 3, after a --build-only with the same PYTHON
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 use_compiler_cache
 
 BUILD=$TOP/build/fake-cuda
+build=1 tests=1
+case ${1:-} in
+  --build-only) tests=0; shift ;;
+  --tests-only) build=0; shift ;;
+esac
 PYTHON=${1:-}
 if [ -z "$PYTHON" ]; then
   if [ -x "$TOP/build/test-venv/bin/python" ]; then PYTHON=$TOP/build/test-venv/bin/python; else PYTHON=python3; fi
@@ -20,23 +29,27 @@ CUDA_INCLUDE=$(ls -d /usr/local/cuda/include /usr/local/cuda-*/include 2>/dev/nu
 if [ -z "$CUDA_INCLUDE" ]; then
   log "no CUDA toolkit headers (/usr/local/cuda*/include): the fake CUDA runtime needs them; skipping steps 1-3"
 else
-  log "fake CUDA runtime: configure and build $BUILD"
-  "$PYTHON" -c "import pybind11" 2>/dev/null || "$PYTHON" -m pip install -q pybind11
-  cmake -S "$TOP" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENSORXFER_FAKE_CUDA=ON \
-    -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_PYTHON=ON -DTENSORXFER_USE_SYSTEM_DLPACK=OFF \
-    -DPython_EXECUTABLE="$("$PYTHON" -c 'import sys; print(sys.executable)')" \
-    -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >/dev/null
   TESTS=(fake_cuda_test cuda_paths_test cuda_copy_test managed_test)
-  cmake --build "$BUILD" -j2 --target "${TESTS[@]}" _core
+  if [ "$build" = 1 ]; then
+    log "fake CUDA runtime: configure and build $BUILD"
+    "$PYTHON" -c "import pybind11" 2>/dev/null || "$PYTHON" -m pip install -q pybind11
+    cmake -S "$TOP" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENSORXFER_FAKE_CUDA=ON \
+      -DTENSORXFER_BUILD_TESTS=ON -DTENSORXFER_BUILD_PYTHON=ON -DTENSORXFER_USE_SYSTEM_DLPACK=OFF \
+      -DPython_EXECUTABLE="$("$PYTHON" -c 'import sys; print(sys.executable)')" \
+      -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >/dev/null
+    cmake --build "$BUILD" -j2 --target "${TESTS[@]}" _core
+  fi
+  if [ "$tests" = 1 ]; then
+    log "fake CUDA runtime: C++ tests"
+    for test in "${TESTS[@]}"; do "$BUILD/$test" --gtest_brief=1; done
 
-  log "fake CUDA runtime: C++ tests"
-  for test in "${TESTS[@]}"; do "$BUILD/$test" --gtest_brief=1; done
-
-  log "fake CUDA runtime: Python tests of the core's CUDA entry points"
-  extension=$(ls "$BUILD"/_core*.so | head -n1)
-  (cd "$TOP/tests/cuda_fake/python" && TENSORXFER_FAKE_CUDA_EXTENSION=$extension \
-    "$PYTHON" -m pytest -q -p no:cacheprovider --timeout=120 .)
+    log "fake CUDA runtime: Python tests of the core's CUDA entry points"
+    extension=$(ls "$BUILD"/_core*.so | head -n1)
+    (cd "$TOP/tests/cuda_fake/python" && TENSORXFER_FAKE_CUDA_EXTENSION=$extension \
+      "$PYTHON" -m pytest -q -p no:cacheprovider --timeout=120 .)
+  fi
 fi
+[ "$build" = 1 ] || { log "fake CUDA runtime tests passed"; exit 0; }
 
 log "CUDA <= 12 branches: compile only, against nvidia-cuda-runtime-cu12 (+ crt headers of nvidia-cuda-nvcc-cu12)"
 CU12=$TOP/build/cuda12-headers
