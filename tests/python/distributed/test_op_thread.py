@@ -237,6 +237,38 @@ def test_a_future_callback_may_start_an_op_and_wait_for_it(waiter):
         watcher.start()
         watcher.join(10.0)
         assert result == [[2]], "the op the callback started never ran"
+        # The first work counts as done once its future's callbacks have returned (as gloo's does),
+        # which is just after `chained` completed, on the op thread: wait for it, boundedly.
+        deadline = time.monotonic() + 10
+        while not first.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert first.is_completed()
+    finally:
+        assert ops.stop(10.0)
+
+
+def test_a_work_completes_after_its_futures_callbacks_return():
+    """The order the test above relies on, pinned: a then() callback still sees its work running,
+    and the work is done once the callbacks have returned. (That test once asserted completion the
+    moment the chained future's waiter woke, before the op thread had left the callbacks: it failed
+    1 run in 10 of the fast tier with a CPU-bound process beside it.)"""
+    ops = OpThread("test-ops", _keep)
+    try:
+        first = _submit(ops, 1, lambda: None)
+        seen: list = []
+        left_callback = threading.Event()
+
+        def callback(done):
+            seen.append(first.is_completed())
+            time.sleep(0.05)  # a waiter woken by a chained future would run meanwhile
+            left_callback.set()
+            return done.value()
+
+        chained = first.get_future().then(callback)
+        assert chained.wait() == [1]
+        assert left_callback.wait(10)
+        assert seen == [False], "the work counted as done before its future's callbacks ran"
+        first.wait()
         assert first.is_completed()
     finally:
         assert ops.stop(10.0)
