@@ -254,7 +254,8 @@ def test_a_work_completes_after_its_futures_callbacks_return():
     1 run in 10 of the fast tier with a CPU-bound process beside it.)"""
     ops = OpThread("test-ops", _keep)
     try:
-        first = _submit(ops, 1, lambda: None)
+        go = threading.Event()  # the op ends only after its callback is registered
+        first = _submit(ops, 1, lambda: go.wait(10.0))
         seen: list = []
         left_callback = threading.Event()
 
@@ -265,6 +266,7 @@ def test_a_work_completes_after_its_futures_callbacks_return():
             return done.value()
 
         chained = first.get_future().then(callback)
+        go.set()
         assert chained.wait() == [1]
         assert left_callback.wait(10)
         assert seen == [False], "the work counted as done before its future's callbacks ran"
