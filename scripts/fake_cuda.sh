@@ -25,6 +25,8 @@ PYTHON=${1:-}
 if [ -z "$PYTHON" ]; then
   if [ -x "$TOP/build/test-venv/bin/python" ]; then PYTHON=$TOP/build/test-venv/bin/python; else PYTHON=python3; fi
 fi
+# A path given relative to the caller's folder still works after the cd of step 3.
+case $PYTHON in */*) PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON") ;; esac
 CUDA_INCLUDE=$(ls -d /usr/local/cuda/include /usr/local/cuda-*/include 2>/dev/null | head -n1 || true)
 if [ -z "$CUDA_INCLUDE" ]; then
   log "no CUDA toolkit headers (/usr/local/cuda*/include): the fake CUDA runtime needs them; skipping steps 1-3"
