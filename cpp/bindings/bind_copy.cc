@@ -170,8 +170,9 @@ void bind_copy(py::module_& module) {
            py::arg("num_threads") = 0, py::kw_only(),
            py::arg("idle_spin_us") = copy::CopyEngineOptions{}.idle_spin.count(),
            "Starts `num_threads` workers (0 = one fewer than the usable CPUs, at least 1: the caller "
-           "works too). While calls come back to back (each within `idle_spin_us` of the end of the one before), a worker polls that long for the "
-           "next before sleeping; 0 = workers always sleep between calls.")
+           "works too). While calls come back to back (each within `idle_spin_us` of the end of the "
+           "one before), a worker polls that long for the next before sleeping; 0 = workers always "
+           "sleep between calls.")
       .def_property_readonly("num_threads", &CopyEngine::num_threads, "Worker threads owned.")
       .def_property_readonly(
           "idle_spin_us", [](const CopyEngine& engine) { return engine.idle_spin().count(); },

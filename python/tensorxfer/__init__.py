@@ -27,8 +27,8 @@ __version__: str = _core.__version__
 
 # TENSORXFER_CPU_VECTOR_SET, _CACHE_BYTES and _COUNT force the branches another CPU would take
 # (docs: developing); a value the core could not use must not pass silently.
-if _core.cpu_features()["override_error"]:
-    raise ValueError(f"tensorxfer: {_core.cpu_features()['override_error']}")
+if _cpu_override_error := _core.cpu_features()["override_error"]:
+    raise ValueError(f"tensorxfer: {_cpu_override_error}")
 
 from tensorxfer.distributed import register_when_torch_distributed_is_imported as _register_backend
 

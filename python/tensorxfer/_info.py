@@ -310,14 +310,21 @@ def _cpu_features() -> dict[str, Any]:
     return dict(_core.cpu_features())
 
 
-def _cpu_text(cpu: dict[str, Any]) -> str:
-    forced = [name for name, key in (("vector set", "vector_set_forced"), ("cache", "cache_forced"),
-                                     ("cpu count", "cpus_forced")) if cpu[key]]
+def cpu_summary(cpu: dict[str, Any]) -> str:
+    """``_core.cpu_features()`` in one line: vendor, family, model, AVX2/AVX-512, the kernels' vector
+    set, the last-level cache and the usable CPUs; a ``TENSORXFER_CPU_*`` override is marked ``forced``."""
+
+    def forced(key: str) -> str:
+        return " (forced)" if cpu[key] else ""
+
     cache = cpu["last_level_cache_bytes"]
+    cache_text = f"{cache / 2**20:g} MiB" if cache >= 2**20 else f"{cache >> 10} KiB" if cache else "unknown"
+    yes_no = {True: "yes", False: "no"}
     return (f"{cpu['vendor'] or '?'} family {cpu['family']} model {cpu['model']}; "
-            f"avx2={'yes' if cpu['avx2'] else 'no'}, avx512={'yes' if cpu['avx512'] else 'no'}; kernels "
-            f"{cpu['vector_set']}; last-level cache {_bytes(cache) if cache else 'unknown'}; "
-            f"{cpu['usable_cpus']} usable" + (f" (forced: {', '.join(forced)})" if forced else ""))
+            f"AVX2 {yes_no[cpu['avx2']]}, AVX-512 {yes_no[cpu['avx512']]}; "
+            f"kernels {cpu['vector_set']}{forced('vector_set_forced')}; "
+            f"last-level cache {cache_text}{forced('cache_forced')}; "
+            f"{cpu['usable_cpus']} CPUs{forced('cpus_forced')}")
 
 
 def format_text(info: dict[str, Any]) -> str:
@@ -336,7 +343,7 @@ def format_text(info: dict[str, Any]) -> str:
         ("compiled in", compiled),
         ("python", f"{info['python']} on {info['platform']}"),
         ("cpus", str(info["cpus"])),
-        ("cpu", _cpu_text(info["cpu"])),
+        ("cpu", cpu_summary(info["cpu"])),
         ("torch", info["torch"]["version"]),
         ("torch.distributed backend", f"{info['torch_distributed_backend']['name']}: "
                                       f"{'registered' if info['torch_distributed_backend']['registered'] else 'not registered'}"

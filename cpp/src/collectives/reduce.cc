@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "tensorxfer/collectives/element_math.h"
-#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/check.h"
+#include "tensorxfer/common/cpu_features.h"
 #include "tensorxfer/common/error.h"
 #include "tensorxfer/common/tensor_view.h"
 

@@ -42,10 +42,6 @@ class RunningEngineScope {
   const void* previous_;
 };
 
-// The CPUs this process may use (its affinity mask, not every online CPU: a
-// container limited to 2 of 64 gets 2; TENSORXFER_CPU_COUNT overrides it).
-std::size_t usable_cpus() noexcept { return static_cast<std::size_t>(cpu_features().usable_cpus); }
-
 struct Job {
   const CopyEngine::RangeFunction* fn = nullptr;
   std::size_t count = 0;
@@ -211,8 +207,10 @@ CopyEngine::CopyEngine(const CopyEngineOptions& options)
     : options_(options),
       owner_pid_(current_process_id()),
       state_(std::make_unique<State>()) {
+  // The CPUs this process may use (its affinity mask, not every online CPU: a
+  // container limited to 2 of 64 gets 2; TENSORXFER_CPU_COUNT overrides it).
   const std::size_t default_parallelism =
-      std::clamp<std::size_t>(usable_cpus(), 2, kMaxDefaultParallelism);
+      std::clamp<std::size_t>(static_cast<std::size_t>(cpu_features().usable_cpus), 2, kMaxDefaultParallelism);
   max_parallelism_ = options.max_parallelism == 0 ? default_parallelism : options.max_parallelism;
   // The caller works on every job too: by default one worker fewer than the
   // threads a job may use.

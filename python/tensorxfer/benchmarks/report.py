@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from tensorxfer._info import _cpu_features, cpu_summary
+
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) of ``samples`` by linear interpolation."""
@@ -249,7 +251,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": len(os.sched_getaffinity(0)),
         "cpu_model": _cpu_model(),
-        "cpu": cpu_features(),
+        "cpu": _cpu_features(),
         "load_average_1_5_15": list(os.getloadavg()),
     }
     for module in ("numpy", "torch", "tensorxfer"):
@@ -260,33 +262,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def cpu_features() -> dict[str, Any]:
-    """``tensorxfer._core.cpu_features()``: family, model, AVX2/AVX-512, the vector set the kernels use."""
-    from tensorxfer import _core
-
-    return dict(_core.cpu_features())
-
-
 def cpu_header() -> str:
     """One line naming the CPU so that two tables from different machines cannot be confused.
 
     For example ``CPU: AMD EPYC 7B13 (AuthenticAMD family 25 model 1; AVX2 yes, AVX-512 no;
     kernels avx2; last-level cache 32 MiB; 2 CPUs)``. A ``TENSORXFER_CPU_*`` override is
-    marked ``forced``.
+    marked ``forced`` (``tensorxfer info`` prints the same summary).
     """
-    cpu = cpu_features()
-
-    def forced(key: str) -> str:
-        return " (forced)" if cpu[key] else ""
-
-    cache = cpu["last_level_cache_bytes"]
-    cache_text = f"{cache / 2**20:g} MiB" if cache >= 2**20 else f"{cache >> 10} KiB" if cache else "unknown"
-    yes_no = {True: "yes", False: "no"}
-    return (f"CPU: {_cpu_model()} ({cpu['vendor'] or '?'} family {cpu['family']} model {cpu['model']}; "
-            f"AVX2 {yes_no[cpu['avx2']]}, AVX-512 {yes_no[cpu['avx512']]}; "
-            f"kernels {cpu['vector_set']}{forced('vector_set_forced')}; "
-            f"last-level cache {cache_text}{forced('cache_forced')}; "
-            f"{cpu['usable_cpus']} CPUs{forced('cpus_forced')})")
+    return f"CPU: {_cpu_model()} ({cpu_summary(_cpu_features())})"
 
 
 def _cpu_model() -> str | None:

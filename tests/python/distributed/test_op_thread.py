@@ -59,6 +59,14 @@ def _submit(ops: OpThread, name, run) -> Work:
     return ops.submit(str(name), [name], body)
 
 
+def _completed_within(work: Work, seconds: float) -> bool:
+    """Whether ``work`` counts as completed within ``seconds`` (polled: is_completed never blocks)."""
+    deadline = time.monotonic() + seconds
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return work.is_completed()
+
+
 def _sync(ops: OpThread, name, run):
     """What the process group does for async_op=False: run here, else queue and wait."""
     done = ops.run_now(str(name), [name], run)
@@ -197,10 +205,7 @@ def test_an_op_queued_behind_one_running_on_a_caller_runs_without_anyone_waiting
         release.set()
         caller.join(10)
         assert ran.wait(10), "the queued op never ran"
-        deadline = time.monotonic() + 10
-        while not queued.is_completed() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert queued.is_completed()
+        assert _completed_within(queued, 10)
     finally:
         assert ops.stop(10.0)
 
@@ -239,10 +244,7 @@ def test_a_future_callback_may_start_an_op_and_wait_for_it(waiter):
         assert result == [[2]], "the op the callback started never ran"
         # The first work counts as done once its future's callbacks have returned (as gloo's does),
         # which is just after `chained` completed, on the op thread: wait for it, boundedly.
-        deadline = time.monotonic() + 10
-        while not first.is_completed() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert first.is_completed()
+        assert _completed_within(first, 10)
     finally:
         assert ops.stop(10.0)
 
