@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import warm_launcher
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_backend_workers.py")
 
@@ -52,8 +54,8 @@ def start(scenario: str, world: int, backend: str, out_dir: str, *,
         prefix = list(wrappers[rank]) if wrappers else []
         command = prefix + [sys.executable, WORKER, scenario, str(rank),
                             str(world), backend, init, out_dir, str(pg_timeout_s), extra]
-        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
+        processes.append(warm_launcher.popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             text=True))
     return processes
 
 

@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+import warm_launcher
+
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "copy_service_worker.py")
 
@@ -59,7 +61,7 @@ def _collect(processes: List[subprocess.Popen], timeout: float) -> Tuple[List[in
 
 def launch_local(world: int, args: List[str], timeout: float) -> Tuple[List[int], str]:
     assert world == 1, "the local backend runs one process"
-    process = subprocess.Popen([sys.executable, WORKER, "local", *args], env=_environment(),
+    process = warm_launcher.popen([sys.executable, WORKER, "local", *args], env=_environment(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return _collect([process], timeout)
 
@@ -82,7 +84,7 @@ def launch_torch(world: int, args: List[str], timeout: float) -> Tuple[List[int]
     init_file = os.path.join(init_dir, "rendezvous")
     try:
         processes = [
-            subprocess.Popen([sys.executable, WORKER, "torch", *args, str(rank), str(world), init_file],
+            warm_launcher.popen([sys.executable, WORKER, "torch", *args, str(rank), str(world), init_file],
                              env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for rank in range(world)
         ]
@@ -94,7 +96,7 @@ def launch_torch(world: int, args: List[str], timeout: float) -> Tuple[List[int]
 def launch_shm(world: int, args: List[str], timeout: float, backend: str = "shm") -> Tuple[List[int], str]:
     group_name = f"copy-service-test-{os.getpid()}-{os.urandom(4).hex()}"
     processes = [
-        subprocess.Popen([sys.executable, WORKER, backend, *args, str(rank), str(world), group_name],
+        warm_launcher.popen([sys.executable, WORKER, backend, *args, str(rank), str(world), group_name],
                          env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in range(world)
     ]

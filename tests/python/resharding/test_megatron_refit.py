@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import copy_service_launch as launch  # noqa: E402
+import warm_launcher  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "megatron_refit_worker.py")
@@ -42,8 +43,9 @@ def _launch(backend: str, scenario: str, world: int, mode: str) -> tuple:
             processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True)]
         else:
-            processes = [subprocess.Popen([sys.executable, WORKER, backend, scenario, str(world), str(rank), init_file,
-                                           mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            processes = [warm_launcher.popen([sys.executable, WORKER, backend, scenario, str(world), str(rank),
+                                              init_file, mode], env=env, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True, preload=("megatron.core",))
                          for rank in range(world)]
         return launch._collect(processes, TIMEOUT)
     finally:
