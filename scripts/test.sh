@@ -73,8 +73,19 @@ where = os.path.dirname(tensorxfer.__file__)
 assert "site-packages" in where, f"tensorxfer imported from {where}, not the installed package"
 print(f"testing tensorxfer {tensorxfer.__version__} installed at {where}", file=sys.stderr)
 PY
+# The full tier runs on pytest-xdist workers, one per CPU up to 4 (TENSORXFER_TEST_WORKERS
+# overrides; 0: in this process), a test file to a worker: its multi-process tests leave the
+# cores idle while ranks wait on each other (2 workers on 2 CPUs: 468 s against 657 s). Each
+# worker takes a /dev/shm of its own (a mount namespace, tests/python/conftest.py), which needs
+# root; without it the tests run in one process. The stress tier's timings were measured alone.
+default_workers=0
+[ "$tier" = full ] && [ "$(id -u)" = 0 ] && default_workers=$(( $(nproc) < 4 ? $(nproc) : 4 ))
+workers=${TENSORXFER_TEST_WORKERS:-$default_workers}
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
 pytest_status=0
-"$VENV/bin/python" -m pytest tests/python -p no:cacheprovider --tier "$tier" "${pytest_args[@]}" || pytest_status=$?
+"$VENV/bin/python" -m pytest tests/python -p no:cacheprovider --tier "$tier" "${parallel[@]}" "${pytest_args[@]}" \
+  || pytest_status=$?
 
 ctest_status=0
 if [ -n "$cpp_build" ]; then

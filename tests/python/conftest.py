@@ -69,6 +69,32 @@ def tier_of(item) -> str:
     return "fast" if fast else "full"
 
 
+def _give_this_process_its_own_dev_shm() -> None:
+    """A mount namespace of this process's own with a fresh tmpfs on /dev/shm (root only).
+
+    pytest-xdist's workers (``scripts/test.sh`` runs the full tier with ``-n 2``) each take
+    one: the leak check of :func:`no_leaked_shared_memory` then sees only its own tests'
+    segments, and no worker's group names meet another's. The processes a test starts
+    inherit the namespace. Called first thing in the worker, on its main thread (a mount
+    namespace applies to the thread that unshares it and to what it starts afterwards).
+    """
+    import ctypes
+
+    clone_newns, ms_rec, ms_private = 0x00020000, 0x4000, 1 << 18
+    libc = ctypes.CDLL(None, use_errno=True)
+    for call, args in (("unshare", (clone_newns,)), ("mount", (b"none", b"/", None, ms_rec | ms_private, None)),
+                       ("mount", (b"tmpfs", SHM_DIR.encode(), b"tmpfs", 0, b"mode=1777"))):
+        if getattr(libc, call)(*args) != 0:
+            error = ctypes.get_errno()
+            raise pytest.UsageError(f"xdist worker: {call}{args} failed: {os.strerror(error)}; the parallel "
+                                    "tiers need root for a private /dev/shm per worker (run without -n)")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _give_this_process_its_own_dev_shm()
+
+
 def pytest_collection_modifyitems(config, items):
     wanted = TIER_CONTENTS[config.getoption("--tier")]
     selected, deselected = [], []
