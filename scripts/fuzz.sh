@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fuzz targets of tests/fuzz (libFuzzer, clang 14, ASan+UBSan): builds them, replays each
-# target's committed regression inputs, then fuzzes each target for N seconds and prints its
-# executions and coverage. Exits non-zero on any finding (the input is kept under
+# target's committed regression inputs, then fuzzes each target for N seconds (one target per
+# CPU at a time) and prints its executions and coverage. Exits non-zero on any finding (the input is kept under
 # build/fuzz/findings/<target>/; tests/fuzz/README.md says how to turn it into a regression).
 #   scripts/fuzz.sh [--seconds N] [--target NAME]... [--build-only]
 # --seconds    fuzzing time per target (default 10); 0 replays the committed inputs only
@@ -46,39 +46,39 @@ export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 limits=(-timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=1024)
 
-failed=()
-rows=()
-for target in "${targets[@]}"; do
-  binary=$FUZZ_BUILD/$target
-  seeds=$TOP/tests/fuzz/corpus/$target
-  regressions=$TOP/tests/fuzz/regressions/$target
-  work=$FUZZ_BUILD/corpus/$target
-  findings=$FUZZ_BUILD/findings/$target
+# One target's run: its table row goes to $FUZZ_BUILD/$target.row; exit status 1 on a finding.
+fuzz_one() {
+  local target=$1
+  local binary=$FUZZ_BUILD/$target
+  local seeds=$TOP/tests/fuzz/corpus/$target
+  local regressions=$TOP/tests/fuzz/regressions/$target
+  local work=$FUZZ_BUILD/corpus/$target
+  local findings=$FUZZ_BUILD/findings/$target
+  local logfile=$FUZZ_BUILD/$target.log
+  local row=$FUZZ_BUILD/$target.row
   mkdir -p "$work" "$findings"
-  logfile=$FUZZ_BUILD/$target.log
   # The committed inputs (regressions, seeds) must pass: a fixed finding stays fixed. With
   # --seconds 0 they are replayed one by one; otherwise libFuzzer runs each of them first, as
   # part of its corpus, under the same limits (a failure there is a finding like any other).
   if [ "$seconds" = 0 ]; then
-    replay=()
+    local replay=() dir file
     for dir in "$regressions" "$seeds"; do
       [ -d "$dir" ] && while IFS= read -r -d '' file; do replay+=("$file"); done < <(find "$dir" -type f -print0)
     done
     if [ ${#replay[@]} -gt 0 ] && ! "$binary" "${limits[@]}" "${replay[@]}" > "$logfile.replay" 2>&1; then
       tail -n 30 "$logfile.replay" >&2
       log "$target: a committed input fails (log: $logfile.replay)"
-      failed+=("$target")
-      rows+=("$(printf '%-22s %12s %8s  %s' "$target" "-" "-" "a committed input fails")")
-    else
-      rows+=("$(printf '%-22s %12s %8s  %s' "$target" "${#replay[@]}" "-" "replayed")")
+      printf '%-22s %12s %8s  %s\n' "$target" "-" "-" "a committed input fails" > "$row"
+      return 1
     fi
-    continue
+    printf '%-22s %12s %8s  %s\n' "$target" "${#replay[@]}" "-" "replayed" > "$row"
+    return 0
   fi
   log "$target: fuzzing for $seconds s"
-  status=0
+  local status=0 executions edges
   # New inputs go to the first directory (the working corpus, kept between runs); the seeds and
   # the regressions are read.
-  corpora=("$work")
+  local corpora=("$work")
   for dir in "$seeds" "$regressions"; do [ -d "$dir" ] && corpora+=("$dir"); done
   (cd "$findings" && "$binary" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 \
      -artifact_prefix="$findings/" "${corpora[@]}") > "$logfile" 2>&1 || status=$?
@@ -87,11 +87,31 @@ for target in "${targets[@]}"; do
   if [ "$status" != 0 ]; then
     grep -E 'FUZZ FINDING|ERROR: |runtime error|SUMMARY|Test unit written' "$logfile" | head -n 8 >&2 || true
     log "$target: FINDING (exit $status; log: $logfile; input under $findings/)"
-    failed+=("$target")
-    rows+=("$(printf '%-22s %12s %8s  %s' "$target" "${executions:-?}" "${edges:-?}" "FINDING: see $logfile")")
-  else
-    rows+=("$(printf '%-22s %12s %8s  %s' "$target" "${executions:-?}" "${edges:-?}" "ok")")
+    printf '%-22s %12s %8s  %s\n' "$target" "${executions:-?}" "${edges:-?}" "FINDING: see $logfile" > "$row"
+    return 1
   fi
+  printf '%-22s %12s %8s  %s\n' "$target" "${executions:-?}" "${edges:-?}" "ok" > "$row"
+}
+
+# One target per CPU at a time: each libFuzzer run is one process on one core.
+parallel=$(nproc)
+running=0
+for target in "${targets[@]}"; do
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  rm -f "$FUZZ_BUILD/$target.row"
+  fuzz_one "$target" &
+  running=$((running + 1))
+done
+wait
+failed=()
+rows=()
+for target in "${targets[@]}"; do
+  row_file=$FUZZ_BUILD/$target.row
+  if [ -f "$row_file" ]; then rows+=("$(cat "$row_file")"); else rows+=("$target: no result (the run died)"); fi
+  grep -qE 'FINDING|fails|no result' <<<"${rows[-1]}" && failed+=("$target")
 done
 
 printf '\n==> fuzz targets (%s s each; edges: libFuzzer cov, the instrumented edges reached)\n' "$seconds"
