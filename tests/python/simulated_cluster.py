@@ -38,6 +38,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+import warm_launcher
+
 SUBNET = "10.77.0"
 #: Bytes a tbf bucket holds: about 8 ms at 1 Gbit/s; larger bursts let short transfers run
 #: above the rate, smaller ones cost throughput at these rates.
@@ -153,9 +155,10 @@ class SimulatedCluster:
         return env
 
     def popen(self, host: int, argv: Sequence[str], **options: object) -> subprocess.Popen:
-        """Starts ``argv`` inside ``host`` (killed at close()); ``env`` defaults to environment(host)."""
+        """Starts ``argv`` inside ``host`` (killed at close()); ``env`` defaults to environment(host).
+        A Python script is forked from a warm interpreter (warm_launcher.py) that enters the host."""
         options.setdefault("env", self.environment(host))
-        process = subprocess.Popen(self.prefix(host) + list(argv), **options)  # type: ignore[call-overload]
+        process = warm_launcher.popen(self.prefix(host) + list(argv), **options)  # type: ignore[arg-type]
         self._started.setdefault(host, []).append(process)
         return process
 

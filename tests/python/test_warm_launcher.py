@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -111,3 +112,32 @@ def test_a_different_import_time_environment_gets_a_zygote_of_its_own(script):
     baseline = start(path, env=dict(os.environ, TENSORXFER_CPU_VECTOR_SET="baseline"))
     out, _ = baseline.communicate(timeout=60)
     assert out.split() == ["baseline", "baseline"], out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="entering namespaces (nsenter, setns) needs root")
+def test_an_nsenter_prefix_puts_the_warm_worker_in_those_namespaces(tmp_path):
+    import json
+
+    holder = subprocess.Popen(["unshare", "--net", "--ipc", "--mount", "--propagation", "private",
+                               "sleep", "60"])
+    try:
+        path = tmp_path / "where.py"
+        path.write_text("import json, os\nprint(json.dumps({n: os.stat(f'/proc/self/ns/{n}').st_ino "
+                        "for n in ('net', 'ipc', 'mnt')} | {'cwd': os.getcwd()}))\n")
+        expected = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until unshare has moved into its namespaces and exec'd sleep
+            expected = {n: os.stat(f"/proc/{holder.pid}/ns/{n}").st_ino for n in ("net", "ipc", "mnt")}
+            if expected["net"] != os.stat("/proc/self/ns/net").st_ino:
+                break
+            time.sleep(0.01)
+        process = warm_launcher.popen(["nsenter", "-t", str(holder.pid), "--net", "--ipc", "--mount", "--",
+                                       sys.executable, str(path)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+        assert isinstance(process, warm_launcher.WarmProcess)
+        out, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, out
+        assert json.loads(out) == {**expected, "cwd": "/"}
+    finally:
+        holder.kill()
+        holder.wait()

@@ -13,8 +13,9 @@ before the script's first line, with the same import-time environment.
 A launch starts a fresh interpreter (``subprocess.Popen``) instead when a fork could not
 reproduce it:
 
-- the command is not ``sys.executable script.py ...`` (mpirun, an nsenter or unshare
-  prefix, ``-c``, ``-m``), or its output does not go to a pipe;
+- the command is not ``sys.executable script.py ...``, bare or behind ``nsenter -t PID``
+  with ``--net``/``--ipc``/``--mount`` (mpirun, an unshare prefix, ``-c``, ``-m``), or it
+  takes a Popen option other than env, stdout, stderr, text and cwd;
 - ``TENSORXFER_TEST_FRESH_RANKS=1`` is set (every launch fresh: to check that the zygote
   changes no test's outcome).
 
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_zygote.py")
 #: Environment variables read while numpy, torch or tensorxfer import: a launch whose values
@@ -97,13 +98,14 @@ def _translate(data: bytes) -> str:
 class WarmProcess:
     """The subset of ``subprocess.Popen`` the launchers use, for a child of a zygote."""
 
-    def __init__(self, args: List[str], pid: int, connection: socket.socket, stdout_fd: int, text: bool) -> None:
+    def __init__(self, args: List[str], pid: int, connection: socket.socket, stdout_fd: Optional[int],
+                 text: bool) -> None:
         self.args = args
         self.pid = pid
         self.returncode: Optional[int] = None
         self.stdin = None
         self.stderr = None
-        self.stdout = open(stdout_fd, "r" if text else "rb", closefd=True)  # noqa: SIM115 - closed in communicate
+        self.stdout = None if stdout_fd is None else open(stdout_fd, "r" if text else "rb")  # noqa: SIM115
         self._text = text
         self._connection = connection
         self._replies = b""
@@ -137,11 +139,12 @@ class WarmProcess:
         assert self.returncode is not None
         return self.returncode
 
-    def communicate(self, input: Optional[str] = None, timeout: Optional[float] = None) -> Tuple[Union[str, bytes], None]:
+    def communicate(self, input: Optional[str] = None, timeout: Optional[float] = None
+                    ) -> Tuple[Union[str, bytes, None], None]:
         """Reads stdout to its end and waits; on ``timeout`` raises TimeoutExpired and keeps what was read."""
         assert input is None, "a warm process has no stdin"
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.stdout.closed:
+        if self.stdout is not None and not self.stdout.closed:
             fd = self.stdout.fileno()
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -154,6 +157,8 @@ class WarmProcess:
             self.stdout.close()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.wait(left)
+        if self.stdout is None:
+            return None, None
         output = bytes(self._output)
         return (_translate(output) if self._text else output), None
 
@@ -171,36 +176,66 @@ class WarmProcess:
         self.send_signal(signal.SIGTERM)
 
 
-def _forkable(args: Sequence[str], stdout, stderr) -> bool:
-    return (len(args) >= 2 and args[0] == sys.executable and str(args[1]).endswith(".py")
-            and stdout == subprocess.PIPE and stderr in (subprocess.STDOUT, subprocess.PIPE) and not fresh_only())
+#: nsenter's options for the namespaces a warm child can enter, and their /proc/PID/ns names.
+NSENTER_NAMESPACES = {"--ipc": "ipc", "--net": "net", "--mount": "mnt"}
+
+
+def _entered_namespaces(args: List[str]) -> Tuple[Optional[Dict], List[str]]:
+    """``nsenter -t PID --net --ipc --mount -- command...`` (any of the three options) as
+    (what to enter, command); any other command as (None, command)."""
+    if len(args) > 4 and args[:2] == ["nsenter", "-t"] and args[2].isdigit() and "--" in args:
+        end = args.index("--")
+        options = args[3:end]
+        if options and all(option in NSENTER_NAMESPACES for option in options):
+            return {"pid": int(args[2]), "namespaces": [NSENTER_NAMESPACES[o] for o in options]}, args[end + 1:]
+    return None, args
+
+
+def _forkable(command: List[str], stdout, stderr) -> bool:
+    return (len(command) >= 2 and command[0] == sys.executable and command[1].endswith(".py")
+            and stdout in (subprocess.PIPE, None) and stderr in (subprocess.STDOUT, subprocess.PIPE, None)
+            and not fresh_only())
 
 
 def popen(args: Sequence[str], *, env: Optional[Dict[str, str]] = None, stdout=None, stderr=None,
-          text: bool = False, cwd: Optional[str] = None, preload: Sequence[str] = ()
+          text: bool = False, cwd: Optional[str] = None, preload: Sequence[str] = (), **options: Any
           ) -> Union[subprocess.Popen, WarmProcess]:
     """``subprocess.Popen(args, env=env, stdout=stdout, stderr=stderr, text=text, cwd=cwd)``, forked
-    from a warm zygote when the command is ``sys.executable script.py ...`` with its output piped
-    (stderr into stdout or a pipe of its own is merged into stdout: callers read one stream)."""
+    from a warm zygote when the command is ``sys.executable script.py ...``, optionally behind
+    ``nsenter -t PID`` with ``--net``, ``--ipc`` or ``--mount`` (the child enters those
+    namespaces of PID; with ``--mount`` it starts in ``/``, as nsenter leaves it). Output: a
+    pipe (stderr into stdout, or a pipe of its own, is merged into stdout: callers read one
+    stream) or, with None, this process's own stdout and stderr. Any other Popen option
+    (``start_new_session``, ``stdin``, ...) starts a fresh interpreter."""
     args = [str(arg) for arg in args]
-    if not _forkable(args, stdout, stderr):
-        return subprocess.Popen(args, env=env, stdout=stdout, stderr=stderr, text=text, cwd=cwd)
+    enter, command = _entered_namespaces(args)
+    if options or not _forkable(command, stdout, stderr):
+        return subprocess.Popen(args, env=env, stdout=stdout, stderr=stderr, text=text, cwd=cwd, **options)
     environment = dict(os.environ if env is None else env)
     key = (_import_time_settings(environment), tuple(preload))
     address = _zygote_socket(key, environment)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(address)
-    read_end, write_end = os.pipe()
+    read_end = write_end = None
+    if stdout == subprocess.PIPE:
+        read_end, write_end = os.pipe()
+    out_fd = write_end if write_end is not None else sys.stdout.fileno()
+    err_fd = out_fd if stderr in (subprocess.STDOUT, subprocess.PIPE) else sys.stderr.fileno()
+    if enter is not None and "mnt" in enter["namespaces"]:
+        cwd = "/"
     with open(os.devnull, "rb") as devnull:
-        body = json.dumps({"argv": args[1:], "env": environment, "cwd": cwd or os.getcwd()}).encode()
-        socket.send_fds(connection, [HEADER.pack(len(body))], [devnull.fileno(), write_end, write_end])
+        body = json.dumps({"argv": command[1:], "env": environment, "cwd": cwd or os.getcwd(),
+                           "enter": enter}).encode()
+        socket.send_fds(connection, [HEADER.pack(len(body))], [devnull.fileno(), out_fd, err_fd])
         connection.sendall(body)
-    os.close(write_end)
+    if write_end is not None:
+        os.close(write_end)
     reply = b""
     while b"\n" not in reply:
         chunk = connection.recv(4096)
         if not chunk:
-            os.close(read_end)
+            if read_end is not None:
+                os.close(read_end)
             raise RuntimeError(f"the test zygote closed the connection before forking; its output: "
                                f"{_zygotes[key][2]}")
         reply += chunk

@@ -6,12 +6,14 @@ torch.distributed, tensorxfer and every MODULE (warnings silenced, as the worker
 then serves requests, one per connection:
 
 - request: a length-prefixed JSON object ``{"argv": [script, arg, ...], "env": {...},
-  "cwd": path}`` with three file descriptors (the child's stdin, stdout, stderr);
+  "cwd": path, "enter": null or {"pid": n, "namespaces": ["net", "ipc", "mnt"]}}`` with
+  three file descriptors (the child's stdin, stdout, stderr);
 - reply: ``{"pid": n}`` once the child is forked, then ``{"status": wait status}`` when it
   has exited (the zygote reaps it), then the connection closes.
 
-The child closes the zygote's descriptors, takes the three it was sent as 0, 1 and 2, the
-request's environment, working directory and argv, puts the script's folder first on
+The child closes the zygote's descriptors, takes the three it was sent as 0, 1 and 2, enters
+the namespaces asked for (setns, as nsenter), takes the request's environment, working
+directory and argv, puts the script's folder first on
 ``sys.path`` and runs the script as ``__main__``; it then leaves through the interpreter's
 normal exit (SystemExit, an uncaught exception's traceback and exit status 1, atexit handlers,
 finalizers), as ``python script.py`` would. The zygote exits when its parent does.
@@ -19,6 +21,7 @@ finalizers), as ``python script.py`` would. The zygote exits when its parent doe
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -56,6 +59,18 @@ def _send(connection: socket.socket, message: dict) -> None:
         pass
 
 
+def _enter(pid: int, namespace: str) -> None:
+    """setns() into ``namespace`` of ``pid``, as nsenter does (a mount namespace also moves the
+    root and the working directory to its root)."""
+    fd = os.open(f"/proc/{pid}/ns/{namespace}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns into the {namespace} namespace of pid {pid}: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+
+
 def _become_the_script(request: dict, fds: list, selector: selectors.BaseSelector, zygote_sockets: list,
                        pidfds: set) -> None:
     """In the forked child: never returns; leaves through SystemExit or an exception."""
@@ -69,6 +84,9 @@ def _become_the_script(request: dict, fds: list, selector: selectors.BaseSelecto
     for fd in set(fds):
         if fd > 2:
             os.close(fd)
+    for namespace in ("ipc", "net", "mnt") if request.get("enter") else ():  # nsenter's order
+        if namespace in request["enter"]["namespaces"]:
+            _enter(request["enter"]["pid"], namespace)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

@@ -24,6 +24,7 @@ from conftest import torch_or_skip
 torch_or_skip()
 
 from simulated_hosts import SimulatedHosts, unavailable_reason  # noqa: E402
+import warm_launcher  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240),
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -43,8 +44,8 @@ class Job:
 
     def start(self, name: str, role: str, host: int, spec: Dict[str, Any]) -> subprocess.Popen:
         spec = dict(spec, result=str(self.tmp / f"{name}.json"))
-        process = subprocess.Popen(self.hosts.enter(host) + [sys.executable, WORKERS, role, json.dumps(spec)],
-                                   env=child_environment())
+        process = warm_launcher.popen(self.hosts.enter(host) + [sys.executable, WORKERS, role, json.dumps(spec)],
+                                      env=child_environment())
         self.processes[name] = process
         return process
 
