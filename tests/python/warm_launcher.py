@@ -14,8 +14,9 @@ A launch starts a fresh interpreter (``subprocess.Popen``) instead when a fork c
 reproduce it:
 
 - the command is not ``sys.executable script.py ...``, bare or behind ``nsenter -t PID``
-  with ``--net``/``--ipc``/``--mount`` (mpirun, an unshare prefix, ``-c``, ``-m``), or it
-  takes a Popen option other than env, stdout, stderr, text and cwd;
+  with ``--net``/``--ipc``/``--mount`` (mpirun, an unshare prefix, ``-c``, ``-m``), it
+  takes a Popen option other than env, stdout, stderr, text and cwd, or it asks for a
+  stderr pipe of its own;
 - ``TENSORXFER_TEST_FRESH_RANKS=1`` is set (every launch fresh: to check that the zygote
   changes no test's outcome).
 
@@ -34,20 +35,19 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from warm_zygote import HEADER
+
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_zygote.py")
 #: Environment variables read while numpy, torch or tensorxfer import: a launch whose values
 #: differ from a zygote's needs another zygote.
 IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TENSORXFER_", "TORCH", "PYTORCH_",
                         "LD_", "MALLOC_", "CUDA_")
-HEADER = struct.Struct("!I")
-
 _zygotes: Dict[Tuple, Tuple[subprocess.Popen, str, str]] = {}  # (process, address, log)
 
 
@@ -193,7 +193,7 @@ def _entered_namespaces(args: List[str]) -> Tuple[Optional[Dict], List[str]]:
 
 def _forkable(command: List[str], stdout, stderr) -> bool:
     return (len(command) >= 2 and command[0] == sys.executable and command[1].endswith(".py")
-            and stdout in (subprocess.PIPE, None) and stderr in (subprocess.STDOUT, subprocess.PIPE, None)
+            and stdout in (subprocess.PIPE, None) and stderr in (subprocess.STDOUT, None)
             and not fresh_only())
 
 
@@ -204,9 +204,9 @@ def popen(args: Sequence[str], *, env: Optional[Dict[str, str]] = None, stdout=N
     from a warm zygote when the command is ``sys.executable script.py ...``, optionally behind
     ``nsenter -t PID`` with ``--net``, ``--ipc`` or ``--mount`` (the child enters those
     namespaces of PID; with ``--mount`` it starts in ``/``, as nsenter leaves it). Output: a
-    pipe (stderr into stdout, or a pipe of its own, is merged into stdout: callers read one
-    stream) or, with None, this process's own stdout and stderr. Any other Popen option
-    (``start_new_session``, ``stdin``, ...) starts a fresh interpreter."""
+    pipe or, with None, this process's own stdout (fd 1); stderr into stdout or, with None,
+    this process's fd 2. Any other Popen option (``start_new_session``, ``stdin``, ...) or a
+    stderr pipe of its own starts a fresh interpreter."""
     args = [str(arg) for arg in args]
     enter, command = _entered_namespaces(args)
     if options or not _forkable(command, stdout, stderr):
@@ -219,8 +219,8 @@ def popen(args: Sequence[str], *, env: Optional[Dict[str, str]] = None, stdout=N
     read_end = write_end = None
     if stdout == subprocess.PIPE:
         read_end, write_end = os.pipe()
-    out_fd = write_end if write_end is not None else sys.stdout.fileno()
-    err_fd = out_fd if stderr in (subprocess.STDOUT, subprocess.PIPE) else sys.stderr.fileno()
+    out_fd = write_end if write_end is not None else 1  # None: inherited, as Popen leaves fds 1 and 2
+    err_fd = out_fd if stderr == subprocess.STDOUT else 2
     if enter is not None and "mnt" in enter["namespaces"]:
         cwd = "/"
     with open(os.devnull, "rb") as devnull:

@@ -33,6 +33,7 @@ import sys
 import warnings
 
 PRELOADED = ("numpy", "torch", "torch.distributed", "tensorxfer")
+#: The length prefix of a request (warm_launcher.py frames its requests with it).
 HEADER = struct.Struct("!I")
 
 
