@@ -2,6 +2,7 @@
 // one process, and a harness that runs one body per rank.
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,9 @@
 #include "support/run_ranks.h"
 
 namespace tensorxfer::testing {
+
+// How long a rank of these tests waits in a collective before it fails the test.
+inline constexpr std::chrono::nanoseconds kTimeout = std::chrono::seconds(30);
 
 // Every rank's IpcMemory, mapped (the handle exchange is a vector).
 inline std::vector<collectives::IpcMemory> make_ipc_group(int world, std::size_t nbytes) {

@@ -19,10 +19,10 @@ namespace tensorxfer::collectives {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::kTimeout;
 using testing::make_communicators;
 using testing::run_ranks;
 
-constexpr auto kTimeout = std::chrono::nanoseconds(30s);
 constexpr auto kForever = Communicator::kNoTimeout;
 
 TensorView floats(void* data, std::size_t count) {

@@ -5,7 +5,6 @@
 // communicator_test.cc, which TSan runs.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstring>
 
 #include "collectives_test_util.h"
@@ -15,14 +14,12 @@
 namespace tensorxfer::collectives {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::expected_result;
+using testing::kTimeout;
 using testing::make_communicators;
 using testing::make_input;
 using testing::run_ranks;
 using testing::view_of;
-
-constexpr auto kTimeout = std::chrono::nanoseconds(30s);
 
 TEST(CommunicatorTest, LargeZeroCopyReduceGathersWithStreamingStores) {
   // >= 32 MiB in the buffer: the gather writes with non-temporal stores (an odd

@@ -22,12 +22,12 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::expected_result;
+using testing::kTimeout;
 using testing::make_communicators;
 using testing::make_input;
 using testing::run_ranks;
 using testing::view_of;
 
-constexpr auto kTimeout = std::chrono::nanoseconds(30s);
 
 const ElementType kTypes[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
                               ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
