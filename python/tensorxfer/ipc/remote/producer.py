@@ -45,6 +45,10 @@ def _close_at_exit() -> None:
 _SLICE_S = 0.05  # waits wake this often to notice Ctrl-C
 # gloo waits with this deadline: a learner may back-pressure for long, and its death closes the pair.
 _NO_DEADLINE = datetime.timedelta(days=7)
+# A send that fails may have met the learner's close: the learner sends its close notice,
+# then drops the link. The thread that hears the notice ends as soon as the link does, and
+# the failed send waits this long at most for it, so that the loss reported is the close.
+_CLOSE_NOTICE_GRACE_S = 1.0
 
 
 def _check_index(value: Any, name: str, high: int) -> int:
@@ -77,6 +81,7 @@ class RemoteSlotRing:
         self._in_flight: Deque[Tuple[Optional[int], Tuple[Any, ...]]] = collections.deque()
         self._last_send = time.monotonic()
         self._stop = threading.Event()
+        self._close_heard = threading.Event()  # _hear_close has ended: the close notice came, or the link broke
         self._threads = [threading.Thread(target=target, daemon=True, name=f"tensorxfer-remote-{what}")
                          for what, target in (("sends", self._complete_sends), ("close", self._hear_close),
                                               ("heartbeat", self._heartbeat))]
@@ -286,6 +291,7 @@ class RemoteSlotRing:
                     work.wait(_NO_DEADLINE)
             except Exception as error:  # noqa: BLE001 - the pair closed
                 if not self._stop.is_set():
+                    self._close_heard.wait(_CLOSE_NOTICE_GRACE_S)  # a close notice, if one came, names the loss
                     self._mark_lost(f"the link to the learner at {self.init_method} broke while sending: "
                                     f"{str(error).splitlines()[0]}")
                 return
@@ -305,8 +311,10 @@ class RemoteSlotRing:
         except Exception as error:  # noqa: BLE001 - the pair closed
             if not self._stop.is_set():
                 self._mark_lost(f"the link to the learner at {self.init_method} broke: {str(error).splitlines()[0]}")
+            self._close_heard.set()
             return
         self._mark_lost(f"the learner at {self.init_method} closed its ring {self._info.ring!r}")
+        self._close_heard.set()
         self._send_header(protocol.KIND_BYE)
 
     def _send_header(self, kind: int) -> None:
