@@ -61,6 +61,9 @@ std::pair<std::size_t, std::size_t> slice_of(int rank, int world, std::size_t co
   return {boundary(rank), boundary(rank + 1)};
 }
 
+// The rank whose window holds rank `rank`'s reduced slice in a staged two-shot step.
+int next_rank(int rank, int world) { return (rank + 1) % world; }
+
 }  // namespace
 
 // ---- all_reduce --------------------------------------------------------------------
@@ -122,14 +125,18 @@ void Communicator::all_reduce_staged(Call& call, std::byte* data, std::size_t co
       for (int r = 0; r < world; ++r) {
         sources_[r] = (r == me ? chunk : window(r, sequence)) + begin * element;
       }
-      // Into the result and into my window, where peers gather it from.
-      reduce_elements(type, op, sources_.data(), world, world, chunk + begin * element, mine + begin * element,
-                      end - begin);
+      // Into the result and over the next rank's copy of my slice, which I have
+      // just read: its lines are in my cache, so writing them moves no line from
+      // another core (my own window's slice, which a peer read last, did: 2 ranks,
+      // float32, interleaved on an Intel Xeon SPR: 64 MiB 16.7-17.5 -> 14.4-15.4 ms,
+      // 16 MiB 3.7-3.8 -> 3.1 ms, 1 MiB 0.21-0.27 -> 0.16-0.22 ms; 4 ranks 64 MiB 3-6%).
+      std::byte* result_copy = world > 1 ? window(next_rank(me, world), sequence) + begin * element : nullptr;
+      reduce_elements(type, op, sources_.data(), world, world, chunk + begin * element, result_copy, end - begin);
       out_barrier(call, "middle");
       for (int r = 0; r < world; ++r) {
         if (r == me) continue;
         const auto [from, to] = slice_of(r, world, n, element);
-        gather(chunk + from * element, window(r, sequence) + from * element, (to - from) * element);
+        gather(chunk + from * element, window(next_rank(r, world), sequence) + from * element, (to - from) * element);
       }
     }
     done += n;

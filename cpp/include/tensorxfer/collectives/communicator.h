@@ -14,10 +14,14 @@
 //   operation descriptor; a mismatch between ranks is an error on all ranks)
 //   -> read peers' windows -> [two-shot: middle barrier (barrier_out) between
 //   reduce-scatter and all-gather].
-// No end barrier is needed for the staging windows: a rank writes window w
-// again only two start barriers later, after every rank has arrived at the
-// start barrier in between, so nobody reads it any more (double-buffered
-// window). A two-shot all-reduce of a tensor in the zero-copy buffer larger
+// Two-shot all_reduce: rank r reduces slice r from its tensor and from slice r
+// of every peer's window, and writes the result over slice r of rank
+// (r + 1) % world's window (the copy it has just read), where the others
+// gather it after the middle barrier.
+// No end barrier is needed for the staging windows: window w is written again
+// (by its rank's copy in, or by the previous rank's result) only two start
+// barriers later, after every rank has arrived at the start barrier in
+// between, so nobody reads it any more (double-buffered window). A two-shot all-reduce of a tensor in the zero-copy buffer larger
 // than one chunk runs in place there, with an end barrier, because the caller
 // writes the buffer again as soon as the call returns (smaller ones and
 // one-shot are copied through a window instead).
