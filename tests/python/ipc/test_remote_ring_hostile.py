@@ -345,7 +345,12 @@ def test_more_than_announced_is_refused(learner):
             data = torch.from_numpy(np.tile(pattern(4 << 32), 2))
             bulky._group.send([data], 0, protocol.TAG_DATA)
             header = torch.tensor([protocol.KIND_DATA, 0, 4 << 32, SLOT_NBYTES], dtype=torch.int64)
-            bulky._group.send([header], 0, protocol.TAG_HEADER)
+            try:
+                bulky._group.send([header], 0, protocol.TAG_HEADER)
+            except RuntimeError:
+                # The data alone is longer than the slot the learner's side posted: it may drop the link
+                # (gloo: "Connection reset by peer") before this send starts. The drop is checked below.
+                pass
             deadline = time.monotonic() + 3 * TIMEOUT_S
             while len(learner.losses) == lost_before:
                 assert time.monotonic() < deadline, "the producer that sent too much was not dropped"
