@@ -147,7 +147,9 @@ def remote_producer(spec: Dict[str, Any]) -> Dict[str, Any]:
             k += 1
             result["published"] = k
             if k == spec.get("mark_after", -1):
-                write_result(spec["result"] + ".mark", {"published": k})
+                with producer._cond:  # sends not yet complete (each slot's data and header)
+                    in_flight = len(producer._in_flight)
+                write_result(spec["result"] + ".mark", {"published": k, "sends_in_flight": in_flight})
     except PeerLostError as error:
         result["error"] = ["PeerLostError", str(error), time.monotonic()]
     producer.close()

@@ -189,6 +189,32 @@ def test_bad_input_is_refused_by_the_producer_and_the_learner(tmp_path):
             job.kill_all()
 
 
+def test_a_slot_received_whole_is_published_though_its_producer_died_while_the_ring_was_full(tmp_path):
+    """The learner does not consume yet, so the relay waits for a free ring slot to post the next
+    credit; meanwhile the producer's third slot arrives whole and the producer is killed.  When a
+    slot frees, the relay finds the link broken: it still publishes the third slot, then reports the
+    loss.  (Before, the failed receive ended the session at once: 2 slots delivered, not 3; the
+    parallel full tier met it in the rejoin test below.)"""
+    hosts, job = _job(2, tmp_path)
+    with hosts:
+        try:
+            job.start_learner(depth=3, credits=2, hold_s=5.0, wait_producers=1, expect={"2": 3}, losses=1,
+                              seconds=20)
+            # Ring slots: 0 and 1 published, a third held for slot 2, none free.  The producer's
+            # slot 3 has no receive to go to, so it cannot send slot 5: it stops at 5 published.
+            job.start_producer("doomed", 2, 1, -1, mark_after=5)
+            job.wait_for_mark("doomed")
+            job.processes["doomed"].send_signal(signal.SIGKILL)
+            job.wait("doomed")
+            result = _learner_ok(job)
+            assert result["received"].get("2") == [0, 1, 2], result
+            [[_, message]] = result["losses"]
+            assert "remote producer 'doomed'" in message and "3 of its slots were delivered whole" in message, message
+            job.assert_clean_shm()
+        finally:
+            job.kill_all()
+
+
 def test_sigkill_of_a_producer_host_mid_slot_then_it_rejoins(tmp_path):
     """SIGKILL while 4 MiB slots stream: the learner hears PeerLostError naming that producer within
     its timeout, the other producer goes on, nothing half-written is published, and the producer
@@ -217,8 +243,11 @@ def test_sigkill_of_a_producer_host_mid_slot_then_it_rejoins(tmp_path):
             assert reported_at - killed_at < TIMEOUT_S, f"reported {reported_at - killed_at:.2f} s after the kill"
             dead = result["received"].get("2", [])
             # It had published 5; up to its 2 credits' worth may still have been waiting in its own
-            # buffers for a ring slot when its host died.
-            assert len(dead) >= 5 - 2
+            # buffers for a ring slot when its host died.  (2 delivered, in 2 of about 9 runs, was the
+            # relay bug the test above pins.)
+            mark = json.loads((tmp_path / "doomed.json.mark").read_text())
+            assert len(dead) >= 5 - 2, (f"delivered {dead}; the producer at its mark: {mark}; the learner's "
+                                        f"sessions: {result['stats']}; loss: {message}")
             _in_order(dead, 0, len(dead))  # whole slots only, a prefix of what it published
             _in_order(result["received"]["1"], 0, 80)
             _in_order(result["received"]["3"], 0, 30)

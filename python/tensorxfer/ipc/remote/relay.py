@@ -71,6 +71,9 @@ class Relay:
         self.close_work: Any = None  # the CLOSE message's send (it holds its tensor)
         self.slots = 0
         self.bytes = 0
+        # The error that ended the link, met while posting a receive: the slots whose header and
+        # bytes gloo had already received are still published before the session ends with it.
+        self.link_error: Optional[BaseException] = None
 
     def run(self) -> None:
         import torch
@@ -105,11 +108,12 @@ class Relay:
             # bye): a header never waits for a receive, which would cost gloo a round trip.
             headers: Deque[Tuple[Any, Any]] = collections.deque()
             for _ in range(spec["credits"] + 2):
-                buffer = torch.zeros(protocol.HEADER_WORDS, dtype=torch.int64)
-                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
+                self.post_header(headers, torch.zeros(protocol.HEADER_WORDS, dtype=torch.int64))
             expected_sequence = 0
             data_wait = timeout / 2
             while True:
+                if not headers:  # only after the link broke: nothing more can arrive
+                    raise self.link_error or RuntimeError("no header receive posted")
                 buffer, pending = headers.popleft()
                 pending.wait(timeout)
                 try:
@@ -117,11 +121,13 @@ class Relay:
                 except ProtocolError as error:
                     raise _ProtocolError(str(error)) from None
                 if header.kind == protocol.KIND_HEARTBEAT:
-                    headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
+                    self.post_header(headers, buffer)
                     continue
                 if header.kind == protocol.KIND_BYE:
                     raise _SessionEnded("closed")
                 if not reserved:
+                    if self.link_error is not None:  # its credit was never posted: the link broke first
+                        raise self.link_error
                     raise _ProtocolError("sent a slot without a credit")
                 slot, received = reserved.popleft()
                 # Every byte is in the slot after this wait.  They normally came before the header; they
@@ -140,7 +146,7 @@ class Relay:
                 self.slots += 1
                 self.bytes += header.nbytes
                 self.progress()
-                headers.append((buffer, self.group.recv([buffer], 1, protocol.TAG_HEADER)))
+                self.post_header(headers, buffer)
                 self.hold(proxy, views, reserved, 1)
         except _SessionEnded as ended:
             state, reason = "closed", str(ended)
@@ -157,10 +163,32 @@ class Relay:
     def progress(self) -> None:
         self.events.send("progress", slots=self.slots, bytes=self.bytes)
 
+    def post_receive(self, tensor: Any, tag: int) -> Any:
+        """A receive from the producer, or None once the link has broken (``link_error``).
+
+        gloo refuses new receives on a broken pair; the receives it completed before stay
+        complete, so the run loop still publishes the slots they finished.
+        """
+        if self.link_error is not None:
+            return None
+        try:
+            return self.group.recv([tensor], 1, tag)
+        except Exception as error:  # noqa: BLE001 - the pair is broken: the run loop ends with it
+            self.link_error = error
+            return None
+
+    def post_header(self, headers: Deque[Tuple[Any, Any]], buffer: Any) -> None:
+        pending = self.post_receive(buffer, protocol.TAG_HEADER)
+        if pending is not None:
+            headers.append((buffer, pending))
+
     def hold(self, proxy: Any, views: List[Any], reserved: Deque[Tuple[int, Any]], count: int) -> None:
         """Holds ``count`` more free ring slots for the producer (waiting for the learner to free them:
-        the back-pressure) and posts a receive into each: each is a credit."""
+        the back-pressure) and posts a receive into each: each is a credit.  Once the link has broken
+        it posts none (a slot already held goes back to the ring unpublished when the relay ends)."""
         for _ in range(count):
+            if self.link_error is not None:
+                return
             while True:
                 if self.stopping.is_set():  # no more credits: the producer answers CLOSE with bye
                     self.request_close()
@@ -170,7 +198,10 @@ class Relay:
                     break
                 except TimeoutError:
                     continue
-            reserved.append((slot, self.group.recv([views[slot]], 1, protocol.TAG_DATA)))
+            received = self.post_receive(views[slot], protocol.TAG_DATA)
+            if received is None:
+                return
+            reserved.append((slot, received))
 
     def request_close(self) -> None:
         """Tells the producer the learner closes: it answers bye (the relay still takes what it sent
