@@ -21,10 +21,11 @@
 // No end barrier is needed for the staging windows: window w is written again
 // (by its rank's copy in, or by the previous rank's result) only two start
 // barriers later, after every rank has arrived at the start barrier in
-// between, so nobody reads it any more (double-buffered window). A two-shot all-reduce of a tensor in the zero-copy buffer larger
-// than one chunk runs in place there, with an end barrier, because the caller
-// writes the buffer again as soon as the call returns (smaller ones and
-// one-shot are copied through a window instead).
+// between, so nobody reads it any more (double-buffered window). A two-shot
+// all-reduce of a tensor in the zero-copy buffer larger than one chunk runs in
+// place there, with an end barrier, because the caller writes the buffer again
+// as soon as the call returns (smaller ones and one-shot are copied through a
+// window instead).
 //
 // Results are bitwise identical on every rank: each element is reduced from
 // the ranks' values in rank order (reduce.h), whatever the algorithm or chunking.
